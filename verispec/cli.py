@@ -1,0 +1,214 @@
+"""verispec run | plan | fixture  (DESIGN.md section 7).
+
+Exit codes: 0 success, 2 usage error, 1 runtime failure; one clear line, no traceback
+unless --debug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import UsageError, VerispecError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _onoff(v: str) -> bool:
+    v = v.lower()
+    if v in ("on", "1", "true", "yes"):
+        return True
+    if v in ("off", "0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {v!r}")
+
+
+def _ids(v: str) -> list[int]:
+    try:
+        return [int(x) for x in v.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {v!r}") from None
+
+
+def _mtp_drafts(v: str) -> int:
+    if v == "auto":
+        return 0
+    if v in ("0", "1", "2", "3"):
+        return int(v)
+    raise argparse.ArgumentTypeError(f"expected 1, 2, 3, auto or 0, got {v!r}")
+
+
+def add_draft_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lookup", type=_onoff, default=True, help="prompt-lookup drafts (on|off, default on)")
+    p.add_argument("--lookup-drafts", type=int, default=5, help="lookup drafts per verify, 1..5 (default 5)")
+    p.add_argument("--mtp", choices=["on", "off", "auto"], default="auto",
+                   help="the checkpoint's MTP head (default: when present)")
+    p.add_argument("--mtp-drafts", type=_mtp_drafts, default=1, help="1|2|3|auto (0 = auto)")
+    p.add_argument("--mtp-pstep", type=_onoff, default=None, help="per-step depth from the head's probabilities")
+    p.add_argument("--mtp-vocab", type=int, default=16000, help="tokens the head scores per draft (0 = all)")
+    p.add_argument("--vocab-usage", default=None, help="the MTP vocabulary counts file")
+    p.add_argument("--usage-save", type=_onoff, default=True)
+    p.add_argument("--gate", type=_onoff, default=True, help="off: draft every proposal in full (tests)")
+    p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="verispec", description="Exact speculative decoding for hybrid Qwen3-Next-style models.")
+    ap.add_argument("--debug", action="store_true", help="tracebacks on errors")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    r = sub.add_parser("run", help="generate from a prompt")
+    r.add_argument("prompt", nargs="?", default=None)
+    r.add_argument("--model", default=None, help="HF model directory (default: the bundled model)")
+    r.add_argument("--prompt-ids", type=_ids, default=None, help="token ids instead of text: 1,2,3")
+    r.add_argument("--chat", action="store_true", help="wrap the prompt in the checkpoint's chat template")
+    r.add_argument("--max-tokens", type=int, default=128)
+    r.add_argument("--temperature", type=float, default=0.0)
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--top-k", type=int, default=0)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--context", type=int, default=None, help="KV cache length (default: prompt + max tokens)")
+    r.add_argument("--prefill-batch", type=_onoff, default=True, help="off: feed the prompt one row at a time")
+    r.add_argument("--force", default=None, help="test mode: accept|reject|mixed|cycle|rowN|bernoulli:P")
+    r.add_argument("--reference", default=None, help="REF.json: the --json output of a plain run")
+    r.add_argument("--json", action="store_true", help='stdout: {"ids", "text", "stats"}')
+    r.add_argument("--dump-logits", default=None, help=".npy float32 [n_decoded, vocab]")
+    add_draft_args(r)
+
+    p = sub.add_parser("plan", help="memory plan: weights, KV cache, copy slots, MTP head")
+    p.add_argument("--model", default=None)
+    p.add_argument("--config", default=None, help="a config.json instead of a model directory")
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--json", action="store_true")
+
+    f = sub.add_parser("fixture", help="write a tiny random test checkpoint (needs transformers)")
+    from .fixture import add_fixture_args
+    add_fixture_args(f)
+    return ap
+
+
+def _model_dir(arg: str | None) -> Path:
+    from .config import default_model_dir
+
+    if arg:
+        return Path(arg)
+    d = default_model_dir()
+    if not (d / "config.json").exists():
+        raise UsageError(f"no --model given and the bundled model is not installed at {d}")
+    return d
+
+
+def _read_reference(path: str) -> tuple[int, ...]:
+    try:
+        ref = json.loads(Path(path).read_text())
+        return tuple(int(t) for t in ref["ids"])
+    except FileNotFoundError:
+        raise UsageError(f"--reference {path}: no such file") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        raise UsageError(f"--reference {path}: not the --json output of a run (needs an \"ids\" list)") from None
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    import torch
+
+    from .config import DraftSettings, RunSettings
+    from .engine import load_engine
+    from .gate import Gate  # noqa: F401  (fail early if missing)
+    from .report import report_lines
+    from .sampling import SamplingParams
+
+    if a.device == "cuda":
+        raise UsageError("--device cuda: the CUDA path is not built yet; use --device cpu")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if (a.prompt is None) == (a.prompt_ids is None):
+        raise UsageError("give a PROMPT or --prompt-ids (exactly one)")
+    try:
+        sampling = SamplingParams(a.temperature, a.top_p, a.top_k, a.seed)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    reference = _read_reference(a.reference) if a.reference else None
+    drafts = DraftSettings(lookup=a.lookup, lookup_drafts=a.lookup_drafts, mtp=a.mtp, mtp_drafts=a.mtp_drafts,
+                           mtp_pstep=a.mtp_pstep, gate=a.gate, force=a.force, reference=reference)
+    settings = RunSettings(max_tokens=a.max_tokens, sampling=sampling, drafts=drafts,
+                           prefill_batch=a.prefill_batch, context=a.context)
+    eng = load_engine(_model_dir(a.model), read_mtp=a.mtp != "off")
+    if a.prompt_ids is not None:
+        prompt = a.prompt_ids
+    else:
+        text = a.prompt
+        if a.chat:
+            if eng.tokenizer is None or not eng.tokenizer.has_chat_template:
+                raise UsageError("--chat: this checkpoint has no chat template")
+            text = eng.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+        prompt = eng.encode(text)
+    if a.mtp == "on" and not eng.has_mtp:
+        raise UsageError(f"--mtp on: {eng.path} has no MTP head (mtp.* tensors)")
+    res = eng.generate(prompt, settings, keep_logits=a.dump_logits is not None)
+    if a.dump_logits:
+        import numpy as np
+        np.save(a.dump_logits, torch.stack(res.logits).float().numpy())
+    if a.json:
+        print(json.dumps({"ids": res.ids, "text": res.text, "stats": res.stats}))
+    else:
+        print(res.text)
+    for line in report_lines(res.stats, gate_on=drafts.gate):
+        print(line, file=sys.stderr)
+    return 0
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    from .models import ModelArgs
+    from .plan import describe, plan
+    from .weights import read_config
+
+    if a.config:
+        try:
+            cfg = json.loads(Path(a.config).read_text())
+        except FileNotFoundError:
+            raise UsageError(f"--config {a.config}: no such file") from None
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--config {a.config}: not valid JSON ({e})") from None
+    else:
+        cfg = read_config(_model_dir(a.model))
+    args = ModelArgs.from_dict(cfg)
+    p = plan(args, a.context)
+    print(json.dumps(p) if a.json else describe(p))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    try:
+        a = build_parser().parse_args(argv)
+        if a.cmd == "run":
+            return cmd_run(a)
+        if a.cmd == "plan":
+            return cmd_plan(a)
+        if a.cmd == "fixture":
+            from .fixture import main_fixture
+            return main_fixture(a)
+        return 2
+    except VerispecError as e:
+        if debug:
+            raise
+        print(f"verispec: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a bug or an environment failure: still one line
+        if debug:
+            raise
+        print(f"verispec: error: {type(e).__name__}: {e} (rerun with --debug for a traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

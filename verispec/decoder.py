@@ -1,0 +1,174 @@
+"""The decoder's one question: "here is the token I picked; give me the logits after it."
+
+    logits = decoder.prefill(prompt_ids)
+    while not done:
+        tok = pick(logits, position)
+        logits = decoder.logits_after(tok)     # plain step, verify, or a stored row
+    decoder.finish()                          # undo drafts nobody consumed
+
+Inside `logits_after` (DESIGN.md section 2): a pick equal to the next pending draft is
+answered from that draft's stored row with no forward; the first pick that differs
+settles the verify (rows that stood are kept, the rest undone) and falls through to a
+new step from the picked token: a plain 1-row forward, or a k+1-row verify whose row 0
+is returned. The sampler never sees a draft.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from .models import Model
+from .state import State
+from .stats import DecodeStats
+
+
+class Source(Protocol):
+    name: str
+
+    def propose(self, history: list[int], max_k: int) -> list[int]: ...
+
+
+@dataclass
+class _Pending:
+    source: str
+    start: int                 # kv_len before the verify
+    drafts: list[int]
+    logits: torch.Tensor       # [k+1, vocab]: row j = logits after the j-th fed row
+    hidden: torch.Tensor       # [k+1, hidden]
+    used: int = 0              # drafts the picks have matched so far
+
+
+@dataclass
+class DecoderConfig:
+    max_drafts: int = 5
+    prefill_batch: bool = True
+
+
+@dataclass
+class Decoder:
+    model: Model
+    state: State
+    sources: list = field(default_factory=list)      # draft sources, in order of preference on a tie
+    gate: object | None = None                       # verispec.gate.Gate, or None = draft in full
+    clock: Callable[[], float] = time.perf_counter
+    config: DecoderConfig = field(default_factory=DecoderConfig)
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    pending: _Pending | None = None
+    last_hidden: torch.Tensor | None = None          # [hidden] at the last standing row
+
+    # ----- prompt -----
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        """Feed the prompt (or the new part of it); returns the logits after its last token."""
+        self._settle_all()
+        t0 = self.clock()
+        if self.config.prefill_batch:
+            out = self.model.forward(ids, self.state)
+            logits, hidden = out.logits[-1], out.hidden[-1]
+        else:
+            for tok in ids:
+                out = self.model.forward([tok], self.state, exact=True)
+            logits, hidden = out.logits[-1], out.hidden[-1]
+        self.stats.prefill_seconds += self.clock() - t0
+        self.stats.prompt_tokens += len(ids)
+        self.last_hidden = hidden
+        for s in self.sources:
+            if hasattr(s, "sync"):
+                s.sync(self.state.tokens)
+        return logits
+
+    # ----- decode -----
+    def logits_after(self, tok: int) -> torch.Tensor:
+        p = self.pending
+        if p is not None:
+            if p.used < len(p.drafts) and tok == p.drafts[p.used]:
+                p.used += 1
+                self.stats.tokens += 1
+                self.stats.accepted += 1
+                src = self.stats.source(p.source)
+                src.accepted += 1
+                src.accepted_at[p.used - 1] += 1
+                self.last_hidden = p.hidden[p.used]
+                return p.logits[p.used]
+            self._settle(rejected=p.used < len(p.drafts))
+        return self._step(tok)
+
+    def finish(self) -> None:
+        """End of a generation: undo the drafts no pick consumed (state = plain decoding's)."""
+        if self.pending is not None and self.pending.used < len(self.pending.drafts):
+            self.stats.ended_mid_verify = True
+        self._settle_all()
+
+    def _settle_all(self) -> None:
+        if self.pending is not None:
+            self._settle(rejected=False)
+
+    def _settle(self, rejected: bool) -> None:
+        p = self.pending
+        self.pending = None
+        rows = len(p.drafts) + 1
+        keep = p.used + 1
+        self.state.commit(p.start, rows, keep)
+        if self.gate is not None:
+            judged = p.used + 1 if rejected else p.used
+            self.gate.result(p.source, judged, p.used)
+
+    def _propose(self, tok: int) -> tuple[str, list[int]]:
+        """Ask every source; carry the proposal the gate values most (the longer on a tie)."""
+        history = self.state.tokens + [tok]
+        best: tuple[float, int, str, list[int]] | None = None
+        for s in self.sources:
+            drafts = s.propose(history, self.config.max_drafts)
+            if not drafts:
+                continue
+            if self.gate is not None:
+                k = self.gate.pick(s.name, len(drafts))
+                if k == 0:
+                    self.stats.declined += 1
+                    continue
+                drafts = drafts[:k]
+                value = self.gate.value(s.name, k)
+            else:
+                value = float(len(drafts))
+            cand = (value, len(drafts), s.name, drafts)
+            if best is None or cand[:2] > best[:2]:
+                best = cand
+        if best is None:
+            return "", []
+        name, drafts = best[2], best[3]
+        spoil = getattr(next(s for s in self.sources if s.name == name), "spoil", None)
+        return name, (spoil(drafts) if spoil else drafts)
+
+    def _step(self, tok: int) -> torch.Tensor:
+        room = self.state.shapes.max_len - self.state.kv_len - 1
+        name, drafts = self._propose(tok) if room > 0 else ("", [])
+        drafts = drafts[:max(room, 0)]
+        if drafts and not self.state.ensure_slots(len(drafts)):
+            self.stats.slot_alloc_failures += 1
+            drafts = []
+        rows = len(drafts) + 1
+        start = self.state.kv_len
+        t0 = self.clock()
+        out = self.model.forward([tok] + drafts, self.state, exact=True, save_slots=bool(drafts))
+        seconds = self.clock() - t0
+        self.stats.decode_seconds += seconds
+        self.stats.forwards += 1
+        self.stats.tokens += 1
+        if self.gate is not None:
+            self.gate.forward(rows, seconds)
+        if drafts:
+            self.stats.verifies += 1
+            self.stats.drafts += len(drafts)
+            src = self.stats.source(name)
+            src.verifies += 1
+            src.drafts += len(drafts)
+            for j in range(len(drafts)):
+                src.proposed_at[j] += 1
+            self.pending = _Pending(name, start, drafts, out.logits, out.hidden)
+        else:
+            self.stats.plain_steps += 1
+        self.last_hidden = out.hidden[0]
+        return out.logits[0]

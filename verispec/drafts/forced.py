@@ -1,0 +1,75 @@
+"""Forced draft modes for tests and benchmarks (DESIGN.md section 7, test-matrix.md).
+
+Drafts are the reference run's own next tokens, spoiled on purpose; a spoiled draft is
+(true token + 1) mod vocab. `verify` counts the verifies this source's drafts went into,
+so mixed / cycle can depend on it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from ..errors import UsageError
+
+MODES = ("accept", "reject", "mixed", "cycle", "row", "bernoulli")
+
+
+@dataclass(frozen=True)
+class ForceMode:
+    kind: str               # one of MODES
+    row: int = 0            # for rowN: the 1-based wrong draft
+    p: float = 1.0          # for bernoulli:P
+
+    @staticmethod
+    def parse(text: str) -> "ForceMode":
+        t = text.strip().lower()
+        if t in ("accept", "reject", "mixed", "cycle"):
+            return ForceMode(t)
+        if t.startswith("row") and t[3:].isdigit() and int(t[3:]) >= 1:
+            return ForceMode("row", row=int(t[3:]))
+        if t.startswith("bernoulli:"):
+            try:
+                p = float(t.split(":", 1)[1])
+            except ValueError:
+                p = -1.0
+            if 0.0 <= p <= 1.0:
+                return ForceMode("bernoulli", p=p)
+        raise UsageError(f"--force {text!r}: expected accept, reject, mixed, cycle, rowN (N >= 1) or bernoulli:P (0 <= P <= 1)")
+
+
+class ForcedSource:
+    def __init__(self, mode: ForceMode, reference: list[int], prompt_len: int, vocab: int, seed: int = 0):
+        self.mode = mode
+        self.full = reference          # prompt + the reference's generated ids
+        self.prompt_len = prompt_len
+        self.vocab = vocab
+        self.verifies = 0
+        self.rng = random.Random(seed)
+
+    def propose(self, history: list[int], max_k: int) -> list[int]:
+        """history: every token fed so far plus the token just picked."""
+        n = len(history)
+        if n > len(self.full) or history[-1] != self.full[n - 1]:
+            return []   # off the reference: nothing to force
+        return list(self.full[n:n + max_k])
+
+    def spoil(self, drafts: list[int]) -> list[int]:
+        """Called once per verify that carries these drafts."""
+        k = len(drafts)
+        v = self.verifies
+        self.verifies += 1
+        m = self.mode
+        if m.kind == "accept":
+            wrong = set()
+        elif m.kind == "reject":
+            wrong = set(range(1, k + 1))
+        elif m.kind == "mixed":
+            wrong = {1} if v % 2 == 1 else set()
+        elif m.kind == "row":
+            wrong = {m.row}
+        elif m.kind == "cycle":
+            wrong = {v % (k + 1) + 1}
+        else:
+            wrong = {j + 1 for j in range(k) if self.rng.random() >= m.p}
+        return [(d + 1) % self.vocab if (j + 1) in wrong else d for j, d in enumerate(drafts)]

@@ -1,0 +1,465 @@
+"""Qwen3-Next / Qwen3.5-MoE text model: Gated DeltaNet + gated attention + sparse MoE.
+
+Weights keep their HF names on disk; at load the projections one row feeds are stacked
+into one matrix per block (so a verify of M rows makes the same number of dense calls as
+a step of one row) and the fused `in_proj_qkvz`/`in_proj_ba` layout is reordered into the
+split one. `forward(ids, state)` appends any number of rows at `state.kv_len`:
+rows <= EXACT_ROWS take the row-invariant path (decode, verify), longer inputs the fast
+batched one (prefill).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ModelFormatError
+from ..ops import attention as attn_ops
+from ..ops import deltanet as dn_ops
+from ..ops import linear as lin_ops
+from ..state import State, StateShapes
+from .layers import RopeTable, apply_rope, gated_rms_norm, rms_norm, silu_mul
+
+EXACT_ROWS = 16
+FAMILIES = ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    family: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    layer_types: tuple[str, ...]
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    partial_rotary_factor: float
+    max_position_embeddings: int
+    linear_conv_kernel_dim: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+    intermediate_size: int
+    norm_topk_prob: bool
+    decoder_sparse_step: int
+    mlp_only_layers: tuple[int, ...]
+    tie_word_embeddings: bool
+    mtp_layers: int
+    eos_token_id: tuple[int, ...] = ()
+
+    @staticmethod
+    def from_dict(cfg: dict) -> "ModelArgs":
+        family = cfg.get("model_type", "")
+        if family not in FAMILIES:
+            raise ModelFormatError(
+                f"unsupported model family {family!r}: verispec runs {', '.join(FAMILIES[:2])}"
+            )
+        top = cfg
+        if "text_config" in cfg:  # a Qwen3.5 release: the text model's fields are nested
+            cfg = {**cfg["text_config"]}
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "mrope"):
+            raise ModelFormatError(f"unsupported rope_type {rope_type!r} (only default RoPE is implemented)")
+        if cfg.get("attention_bias", False):
+            raise ModelFormatError("attention_bias=true is not supported")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ModelFormatError(f"hidden_act {cfg['hidden_act']!r} is not supported (silu only)")
+        n_layers = cfg["num_hidden_layers"]
+        layer_types = cfg.get("layer_types")
+        if layer_types is None:
+            interval = cfg.get("full_attention_interval", 4)
+            layer_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n_layers)]
+        bad = {t for t in layer_types} - {"linear_attention", "full_attention"}
+        if bad:
+            raise ModelFormatError(f"unsupported layer types {sorted(bad)}")
+        heads = cfg["num_attention_heads"]
+        eos = top.get("eos_token_id", cfg.get("eos_token_id"))
+        eos = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
+        mtp = top.get("num_nextn_predict_layers", top.get("mtp_num_hidden_layers",
+                      cfg.get("num_nextn_predict_layers", cfg.get("mtp_num_hidden_layers", 0)))) or 0
+        return ModelArgs(
+            family="qwen3_5_moe" if family.startswith("qwen3_5") else family,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            num_hidden_layers=n_layers,
+            layer_types=tuple(layer_types[:n_layers]),
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", cfg.get("rope_theta", 10000.0)),
+            partial_rotary_factor=rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25)),
+            max_position_embeddings=cfg.get("max_position_embeddings", 32768),
+            linear_conv_kernel_dim=cfg.get("linear_conv_kernel_dim", 4),
+            linear_key_head_dim=cfg["linear_key_head_dim"],
+            linear_value_head_dim=cfg["linear_value_head_dim"],
+            linear_num_key_heads=cfg["linear_num_key_heads"],
+            linear_num_value_heads=cfg["linear_num_value_heads"],
+            num_experts=cfg.get("num_experts", 0),
+            num_experts_per_tok=cfg.get("num_experts_per_tok", 0),
+            moe_intermediate_size=cfg.get("moe_intermediate_size", 0),
+            shared_expert_intermediate_size=cfg.get("shared_expert_intermediate_size", 0),
+            intermediate_size=cfg.get("intermediate_size", 0),
+            norm_topk_prob=cfg.get("norm_topk_prob", True),
+            decoder_sparse_step=cfg.get("decoder_sparse_step", 1),
+            mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
+            tie_word_embeddings=bool(top.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
+            mtp_layers=int(mtp),
+            eos_token_id=eos,
+        )
+
+    def is_moe(self, layer: int) -> bool:
+        return (layer not in self.mlp_only_layers and self.num_experts > 0
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    def state_shapes(self, max_len: int) -> StateShapes:
+        return StateShapes(
+            max_len=max_len,
+            attn_layers=sum(t == "full_attention" for t in self.layer_types),
+            kv_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            linear_layers=sum(t == "linear_attention" for t in self.layer_types),
+            conv_dim=2 * self.key_dim + self.value_dim,
+            conv_keep=self.linear_conv_kernel_dim - 1,
+            value_heads=self.linear_num_value_heads,
+            key_dim=self.linear_key_head_dim,
+            value_dim=self.linear_value_head_dim,
+        )
+
+
+@dataclass
+class ForwardOut:
+    logits: torch.Tensor        # [rows, vocab] fp32
+    hidden: torch.Tensor        # [rows, hidden] after the final norm
+    hidden_pre: torch.Tensor    # [rows, hidden] before it
+
+
+class _Weights:
+    """Pops tensors by name and fails loudly on anything missing or left over."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.t = dict(tensors)
+
+    def pop(self, name: str, shape: tuple | None = None) -> torch.Tensor:
+        if name not in self.t:
+            raise ModelFormatError(f"checkpoint is missing tensor {name}")
+        x = self.t.pop(name)
+        if shape is not None and tuple(x.shape) != tuple(shape):
+            raise ModelFormatError(f"tensor {name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
+        return x
+
+    def has(self, name: str) -> bool:
+        return name in self.t
+
+    def finish(self) -> None:
+        if self.t:
+            names = sorted(self.t)
+            more = f" (and {len(names) - 5} more)" if len(names) > 5 else ""
+            raise ModelFormatError(f"unknown tensor(s) in checkpoint: {', '.join(names[:5])}{more}")
+
+
+@dataclass
+class MoE:
+    pre: torch.Tensor                  # [E + 1 + 2*Is, H]: router, shared gate, shared gate/up
+    shared_down: torch.Tensor          # [H, Is]
+    experts_gu: list[torch.Tensor]     # per expert [2I, H] (gate rows, then up rows)
+    experts_down: list[torch.Tensor]   # per expert [H, I]
+    n_experts: int
+    top_k: int
+    norm_topk: bool
+    shared_inter: int
+
+
+@dataclass
+class DenseMLP:
+    gu: torch.Tensor                   # [2I, H]
+    down: torch.Tensor                 # [H, I]
+
+
+@dataclass
+class LinearAttn:
+    index: int                         # position among the DeltaNet layers
+    w_in: torch.Tensor                 # [2*key_dim + 2*value_dim + 2*Hv, H]: q|k|v|z|b|a
+    conv: torch.Tensor                 # [conv_dim, K]
+    a_log_exp: torch.Tensor            # [Hv] exp(A_log)
+    dt_bias: torch.Tensor              # [Hv]
+    norm: torch.Tensor                 # [dv]
+    out: torch.Tensor                  # [H, value_dim]
+
+
+@dataclass
+class FullAttn:
+    index: int                         # position among the attention layers
+    w_qkv: torch.Tensor                # [2*heads*hd + 2*kv_heads*hd, H]
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    out: torch.Tensor                  # [H, heads*hd]
+
+
+@dataclass
+class Layer:
+    mixer: LinearAttn | FullAttn
+    mlp: MoE | DenseMLP
+    in_norm: torch.Tensor
+    post_norm: torch.Tensor
+
+
+def load_moe(w: _Weights, p: str, a: ModelArgs) -> MoE:
+    h, e, inter, si = a.hidden_size, a.num_experts, a.moe_intermediate_size, a.shared_expert_intermediate_size
+    router = w.pop(f"{p}.gate.weight", (e, h))
+    sgate = w.pop(f"{p}.shared_expert_gate.weight", (1, h))
+    sg = w.pop(f"{p}.shared_expert.gate_proj.weight", (si, h))
+    su = w.pop(f"{p}.shared_expert.up_proj.weight", (si, h))
+    sd = w.pop(f"{p}.shared_expert.down_proj.weight", (h, si))
+    if w.has(f"{p}.experts.gate_up_proj"):   # fused expert tensors (transformers' layout)
+        gu = w.pop(f"{p}.experts.gate_up_proj", (e, 2 * inter, h))
+        dn = w.pop(f"{p}.experts.down_proj", (e, h, inter))
+        gus = [gu[i].contiguous() for i in range(e)]
+        downs = [dn[i].contiguous() for i in range(e)]
+    else:
+        gus, downs = [], []
+        for i in range(e):
+            g = w.pop(f"{p}.experts.{i}.gate_proj.weight", (inter, h))
+            u = w.pop(f"{p}.experts.{i}.up_proj.weight", (inter, h))
+            gus.append(torch.cat([g, u], 0).contiguous())
+            downs.append(w.pop(f"{p}.experts.{i}.down_proj.weight", (h, inter)))
+    pre = torch.cat([router, sgate, sg, su], 0).contiguous()
+    return MoE(pre, sd, gus, downs, e, a.num_experts_per_tok, a.norm_topk_prob, si)
+
+
+def load_full_attn(w: _Weights, p: str, a: ModelArgs, index: int) -> FullAttn:
+    h, nh, nkv, hd = a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim
+    q = w.pop(f"{p}.q_proj.weight", (2 * nh * hd, h))
+    k = w.pop(f"{p}.k_proj.weight", (nkv * hd, h))
+    v = w.pop(f"{p}.v_proj.weight", (nkv * hd, h))
+    return FullAttn(
+        index, torch.cat([q, k, v], 0).contiguous(),
+        w.pop(f"{p}.q_norm.weight", (hd,)), w.pop(f"{p}.k_norm.weight", (hd,)),
+        w.pop(f"{p}.o_proj.weight", (h, nh * hd)),
+    )
+
+
+def _load_linear_attn(w: _Weights, p: str, a: ModelArgs, index: int) -> LinearAttn:
+    h, hk, hv = a.hidden_size, a.linear_num_key_heads, a.linear_num_value_heads
+    dk, dv, r = a.linear_key_head_dim, a.linear_value_head_dim, hv // hk
+    kd, vd = a.key_dim, a.value_dim
+    if w.has(f"{p}.in_proj_qkvz.weight"):   # Qwen3-Next: rows grouped by key head
+        qkvz = w.pop(f"{p}.in_proj_qkvz.weight", (2 * kd + 2 * vd, h)).view(hk, 2 * dk + 2 * r * dv, h)
+        ba = w.pop(f"{p}.in_proj_ba.weight", (2 * hv, h)).view(hk, 2 * r, h)
+        q, k = qkvz[:, :dk], qkvz[:, dk:2 * dk]
+        v, z = qkvz[:, 2 * dk:2 * dk + r * dv], qkvz[:, 2 * dk + r * dv:]
+        parts = [q.reshape(kd, h), k.reshape(kd, h), v.reshape(vd, h), z.reshape(vd, h),
+                 ba[:, :r].reshape(hv, h), ba[:, r:].reshape(hv, h)]
+    else:                                     # Qwen3.5: split projections
+        parts = [w.pop(f"{p}.in_proj_qkv.weight", (2 * kd + vd, h)), w.pop(f"{p}.in_proj_z.weight", (vd, h)),
+                 w.pop(f"{p}.in_proj_b.weight", (hv, h)), w.pop(f"{p}.in_proj_a.weight", (hv, h))]
+    conv_dim = 2 * kd + vd
+    conv = w.pop(f"{p}.conv1d.weight", (conv_dim, 1, a.linear_conv_kernel_dim)).reshape(conv_dim, -1)
+    if w.has(f"{p}.conv1d.bias"):
+        raise ModelFormatError(f"{p}.conv1d.bias: a conv bias is not supported")
+    return LinearAttn(
+        index, torch.cat(parts, 0).contiguous(), conv.contiguous(),
+        w.pop(f"{p}.A_log", (hv,)).float().exp(), w.pop(f"{p}.dt_bias", (hv,)),
+        w.pop(f"{p}.norm.weight", (dv,)), w.pop(f"{p}.out_proj.weight", (h, vd)),
+    )
+
+
+class Model:
+    def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor]):
+        self.args = a = args
+        w = _Weights(tensors)
+        self.embed = w.pop("model.embed_tokens.weight", (a.vocab_size, a.hidden_size))
+        self.layers: list[Layer] = []
+        n_lin = n_full = 0
+        for i, kind in enumerate(a.layer_types):
+            p = f"model.layers.{i}"
+            if kind == "linear_attention":
+                mixer = _load_linear_attn(w, f"{p}.linear_attn", a, n_lin)
+                n_lin += 1
+            else:
+                mixer = load_full_attn(w, f"{p}.self_attn", a, n_full)
+                n_full += 1
+            if a.is_moe(i):
+                mlp = load_moe(w, f"{p}.mlp", a)
+            else:
+                g = w.pop(f"{p}.mlp.gate_proj.weight", (a.intermediate_size, a.hidden_size))
+                u = w.pop(f"{p}.mlp.up_proj.weight", (a.intermediate_size, a.hidden_size))
+                mlp = DenseMLP(torch.cat([g, u], 0).contiguous(),
+                               w.pop(f"{p}.mlp.down_proj.weight", (a.hidden_size, a.intermediate_size)))
+            self.layers.append(Layer(mixer, mlp, w.pop(f"{p}.input_layernorm.weight", (a.hidden_size,)),
+                                     w.pop(f"{p}.post_attention_layernorm.weight", (a.hidden_size,))))
+        self.norm = w.pop("model.norm.weight", (a.hidden_size,))
+        if w.has("lm_head.weight"):
+            self.lm_head = w.pop("lm_head.weight", (a.vocab_size, a.hidden_size))
+        elif a.tie_word_embeddings:
+            self.lm_head = self.embed
+        else:
+            raise ModelFormatError("checkpoint is missing tensor lm_head.weight (and tie_word_embeddings is false)")
+        w.finish()
+        self.rope = RopeTable(a.head_dim, a.partial_rotary_factor, a.rope_theta)
+
+    # ----- state -----
+    def new_state(self, max_len: int) -> State:
+        return State.allocate(self.args.state_shapes(max_len))
+
+    @property
+    def weight_bytes(self) -> int:
+        seen, total = set(), 0
+        for t in self._all_tensors():
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+        return total
+
+    def _all_tensors(self):
+        yield self.embed
+        yield self.norm
+        yield self.lm_head
+        for layer in self.layers:
+            for obj in (layer.mixer, layer.mlp):
+                for v in vars(obj).values():
+                    if isinstance(v, torch.Tensor):
+                        yield v
+                    elif isinstance(v, list):
+                        yield from v
+            yield layer.in_norm
+            yield layer.post_norm
+
+    # ----- forward -----
+    def forward(self, ids: Sequence[int] | torch.Tensor, state: State, *, exact: bool | None = None,
+                save_slots: bool = False) -> ForwardOut:
+        """Append len(ids) rows at state.kv_len. With save_slots, the DeltaNet state after
+        row r (r < rows-1) is copied into state.slots[r] (the caller ensured the slots)."""
+        ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
+        rows = ids.shape[0]
+        start = state.kv_len
+        if rows == 0:
+            raise ValueError("forward needs at least one token")
+        if start + rows > state.shapes.max_len:
+            raise ValueError(f"context full: {start} + {rows} rows > {state.shapes.max_len}")
+        if exact is None:
+            exact = rows <= EXACT_ROWS
+        if save_slots and len(state.slots) < rows - 1:
+            raise ValueError("save_slots needs rows-1 copy slots")
+        lin = lin_ops.linear if exact else lin_ops.linear_fast
+        x = self.embed[ids]                                     # [rows, H]
+        for layer in self.layers:
+            h = rms_norm(x, layer.in_norm, self.args.rms_norm_eps)
+            if isinstance(layer.mixer, LinearAttn):
+                h = self._linear_attn(layer.mixer, h, state, exact, save_slots, lin)
+            else:
+                h = self._full_attn(layer.mixer, h, state, start, exact, lin)
+            x = x + h
+            h = rms_norm(x, layer.post_norm, self.args.rms_norm_eps)
+            x = x + (self._moe(layer.mlp, h, lin) if isinstance(layer.mlp, MoE) else self._dense(layer.mlp, h, lin))
+        hidden = rms_norm(x, self.norm, self.args.rms_norm_eps)
+        logits = lin(hidden, self.lm_head)
+        state.kv_len = start + rows
+        state.tokens.extend(ids.tolist())
+        return ForwardOut(logits, hidden, x)
+
+    def _linear_attn(self, m: LinearAttn, h, state: State, exact, save_slots, lin):
+        a = self.args
+        rows = h.shape[0]
+        kd, vd, hv = a.key_dim, a.value_dim, a.linear_num_value_heads
+        proj = lin(h, m.w_in)                                   # [rows, q|k|v|z|b|a]
+        mixed = proj[:, :2 * kd + vd]
+        z = proj[:, 2 * kd + vd:2 * kd + 2 * vd]
+        b = proj[:, 2 * kd + 2 * vd:2 * kd + 2 * vd + hv]
+        a_ = proj[:, 2 * kd + 2 * vd + hv:]
+        ring = state.recurrent.conv[m.index]
+        rec = state.recurrent.rec[m.index]
+        if save_slots:
+            def save_conv(r):
+                if r < rows - 1:
+                    state.slots[r].conv[m.index].copy_(ring)
+
+            def save_rec(r):
+                if r < rows - 1:
+                    state.slots[r].rec[m.index].copy_(rec)
+        else:
+            save_conv = save_rec = None
+        if exact:
+            mixed = dn_ops.conv_rows(mixed, ring, m.conv, on_row=save_conv)
+        else:
+            mixed = dn_ops.conv_prefill(mixed, ring, m.conv)
+        q = mixed[:, :kd].reshape(rows, a.linear_num_key_heads, a.linear_key_head_dim)
+        k = mixed[:, kd:2 * kd].reshape(rows, a.linear_num_key_heads, a.linear_key_head_dim)
+        v = mixed[:, 2 * kd:].reshape(rows, hv, a.linear_value_head_dim)
+        beta = torch.sigmoid(b)
+        g = -m.a_log_exp * F.softplus(a_.float() + m.dt_bias)
+        o = dn_ops.delta_rule_rows(q, k, v, g, beta, rec, on_row=save_rec)   # [rows, Hv, dv]
+        o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps)
+        return lin(o.reshape(rows, vd), m.out)
+
+    def _full_attn(self, m: FullAttn, h, state: State, start, exact, lin):
+        a = self.args
+        rows = h.shape[0]
+        nh, nkv, hd = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        proj = lin(h, m.w_qkv)
+        qg = proj[:, :2 * nh * hd].view(rows, nh, 2 * hd)
+        q, gate = qg[..., :hd], qg[..., hd:].reshape(rows, nh * hd)
+        k = proj[:, 2 * nh * hd:2 * nh * hd + nkv * hd].view(rows, nkv, hd)
+        v = proj[:, 2 * nh * hd + nkv * hd:].view(rows, nkv, hd)
+        q = rms_norm(q, m.q_norm, a.rms_norm_eps)
+        k = rms_norm(k, m.k_norm, a.rms_norm_eps)
+        cos, sin = self.rope.get(start, rows)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        kc, vc = state.k[m.index], state.v[m.index]
+        kc[:, start:start + rows] = k.transpose(0, 1)
+        vc[:, start:start + rows] = v.transpose(0, 1)
+        scale = hd ** -0.5
+        if exact:
+            o = attn_ops.attend_rows(q, kc, vc, start, scale)
+        else:
+            o = attn_ops.attend_prefill(q, kc, vc, start, scale)
+        o = o.reshape(rows, nh * hd) * torch.sigmoid(gate)
+        return lin(o, m.out)
+
+    def _moe(self, m: MoE, h, lin):
+        rows = h.shape[0]
+        e, si = m.n_experts, m.shared_inter
+        pre = lin(h, m.pre)                                     # [rows, E + 1 + 2*Is]
+        probs = torch.softmax(pre[:, :e].float(), dim=-1)
+        top_w, top_i = torch.topk(probs, m.top_k, dim=-1)
+        if m.norm_topk:
+            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(h)
+        # Experts in ascending id, each adding into its rows: a row's sum order is its
+        # own experts' order, whatever the other rows routed to.
+        hit = torch.unique(top_i)
+        for ex in hit.tolist():
+            rr, slot = torch.where(top_i == ex)
+            gu = lin(h[rr], m.experts_gu[ex])
+            inter = gu.shape[1] // 2
+            y = lin(silu_mul(gu[:, :inter], gu[:, inter:]), m.experts_down[ex])
+            out.index_add_(0, rr, y * top_w[rr, slot, None])
+        shared = lin(silu_mul(pre[:, e + 1:e + 1 + si], pre[:, e + 1 + si:]), m.shared_down)
+        return out + torch.sigmoid(pre[:, e:e + 1]) * shared
+
+    def _dense(self, m: DenseMLP, h, lin):
+        inter = m.gu.shape[0] // 2
+        gu = lin(h, m.gu)
+        return lin(silu_mul(gu[:, :inter], gu[:, inter:]), m.down)
+

@@ -1,0 +1,42 @@
+"""Attention over the KV cache: a row-invariant decode/verify kernel and a fast prefill one.
+
+Cache layout per layer: k, v [kv_heads, max_len, head_dim]. Row m of a forward that
+starts at position `start` attends to positions 0..start+m.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, scale: float) -> torch.Tensor:
+    """Row-invariant attention. q [rows, heads, hd] -> [rows, heads, hd].
+
+    Each row runs on its own with the shapes a 1-row decode step at that position
+    uses, so its bits cannot depend on the other rows (SDPA's do: ENV-NOTES.md).
+    """
+    rows, heads, hd = q.shape
+    kv_heads = k_cache.shape[0]
+    group = heads // kv_heads
+    out = torch.empty_like(q)
+    for m in range(rows):
+        n = start + m + 1
+        qm = q[m].view(kv_heads, group, hd)                          # [kvh, g, hd]
+        scores = torch.bmm(qm, k_cache[:, :n, :].transpose(1, 2))   # [kvh, g, n]
+        probs = torch.softmax(scores.float() * scale, dim=-1)
+        out[m] = torch.bmm(probs, v_cache[:, :n, :]).view(heads, hd)
+    return out
+
+
+def attend_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, scale: float) -> torch.Tensor:
+    """Batched causal attention for a prompt chunk (SDPA; not row-invariant)."""
+    rows, heads, hd = q.shape
+    kv_heads = k_cache.shape[0]
+    n = start + rows
+    k = k_cache[:, :n, :].repeat_interleave(heads // kv_heads, dim=0)   # [heads, n, hd]
+    v = v_cache[:, :n, :].repeat_interleave(heads // kv_heads, dim=0)
+    # query row m sees keys 0..start+m
+    mask = torch.ones(rows, n, dtype=torch.bool).tril(diagonal=start)
+    o = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale)
+    return o.transpose(0, 1)

@@ -1,0 +1,75 @@
+"""Gated DeltaNet: the causal-conv ring and the gated delta recurrence.
+
+Decode/verify rows go one at a time through the same fixed-shape ops a 1-row step uses,
+and the caller may copy the state after each row (copy slots). Prefill reuses the same
+per-token recurrence (sequential, vectorized over heads) with a batched conv.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..models.layers import l2_norm
+
+
+def conv_rows(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor,
+              on_row: Callable[[int], None] | None = None) -> torch.Tensor:
+    """Depthwise causal conv + silu, row by row. x [rows, C]; ring [C, K-1] (updated in place);
+    weight [C, K]. Elementwise products summed in a fixed order, so rows are invariant."""
+    rows, _ = x.shape
+    k = weight.shape[1]
+    out = torch.empty_like(x)
+    for m in range(rows):
+        acc = ring[:, 0] * weight[:, 0]
+        for j in range(1, k - 1):
+            acc = acc + ring[:, j] * weight[:, j]
+        acc = acc + x[m] * weight[:, k - 1]
+        out[m] = acc
+        if k > 1:
+            ring[:, :-1] = ring[:, 1:].clone()
+            ring[:, -1] = x[m]
+        if on_row is not None:
+            on_row(m)
+    return F.silu(out)
+
+
+def conv_prefill(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Batched causal conv for a prompt chunk. x [rows, C]; ring [C, K-1] updated in place."""
+    rows, c = x.shape
+    k = weight.shape[1]
+    full = torch.cat([ring, x.t()], dim=1)                              # [C, K-1+rows]
+    out = F.conv1d(full[None], weight[:, None, :], groups=c)[0]         # [C, rows]
+    ring.copy_(full[:, full.shape[1] - (k - 1):])
+    return F.silu(out.t())
+
+
+def delta_rule_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    state: torch.Tensor, on_row: Callable[[int], None] | None = None) -> torch.Tensor:
+    """The gated delta rule, one row at a time; state [Hv, dk, dv] fp32, updated in place.
+
+    q, k [rows, Hk, dk]; v [rows, Hv, dv]; g, beta [rows, Hv]. Returns [rows, Hv, dv].
+    """
+    rows, hk, dk = q.shape
+    hv = v.shape[1]
+    rep = hv // hk
+    q = l2_norm(q.float()) * (dk ** -0.5)
+    k = l2_norm(k.float())
+    if rep > 1:
+        q = q.repeat_interleave(rep, dim=1)
+        k = k.repeat_interleave(rep, dim=1)
+    decay = g.float().exp()
+    beta = beta.float()
+    v = v.float()
+    out = torch.empty(rows, hv, v.shape[2], dtype=torch.float32)
+    for m in range(rows):
+        state.mul_(decay[m][:, None, None])
+        kv_mem = torch.bmm(k[m][:, None, :], state)[:, 0, :]              # [Hv, dv]
+        delta = (v[m] - kv_mem) * beta[m][:, None]
+        state.add_(k[m][:, :, None] * delta[:, None, :])
+        out[m] = torch.bmm(q[m][:, None, :], state)[:, 0, :]
+        if on_row is not None:
+            on_row(m)
+    return out

@@ -1,0 +1,77 @@
+"""Memory plan from a config alone: weights, KV cache, recurrent state, copy slots, MTP head.
+
+The numbers are the bytes the engine allocates (fp32 on the CPU); tests check them against
+a loaded fixture.
+"""
+
+from __future__ import annotations
+
+from .models import ModelArgs
+
+MIB = 1024 * 1024
+
+
+def _layer_params(a: ModelArgs, i: int, kind: str) -> int:
+    h = a.hidden_size
+    if kind == "linear_attention":
+        kd, vd, hv = a.key_dim, a.value_dim, a.linear_num_value_heads
+        mixer = h * (2 * kd + 2 * vd + 2 * hv) + (2 * kd + vd) * a.linear_conv_kernel_dim \
+            + 2 * hv + a.linear_value_head_dim + vd * h
+    else:
+        nh, nkv, hd = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        mixer = h * (2 * nh * hd + 2 * nkv * hd) + 2 * hd + nh * hd * h
+    return mixer + _mlp_params(a, i) + 2 * h
+
+
+def _mlp_params(a: ModelArgs, i: int) -> int:
+    h = a.hidden_size
+    if a.is_moe(i):
+        return (a.num_experts * 3 * h * a.moe_intermediate_size + a.num_experts * h
+                + 3 * h * a.shared_expert_intermediate_size + h)
+    return 3 * h * a.intermediate_size
+
+
+def weight_params(a: ModelArgs) -> int:
+    n = a.vocab_size * a.hidden_size * (1 if a.tie_word_embeddings else 2) + a.hidden_size
+    return n + sum(_layer_params(a, i, t) for i, t in enumerate(a.layer_types))
+
+
+def mtp_params(a: ModelArgs) -> int:
+    if not a.mtp_layers:
+        return 0
+    h = a.hidden_size
+    nh, nkv, hd = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+    attn = h * (2 * nh * hd + 2 * nkv * hd) + 2 * hd + nh * hd * h
+    moe = (a.num_experts * 3 * h * a.moe_intermediate_size + a.num_experts * h
+           + 3 * h * a.shared_expert_intermediate_size + h) if a.num_experts else 3 * h * a.intermediate_size
+    return a.mtp_layers * (2 * h * h + 3 * h + attn + moe + 2 * h)
+
+
+def plan(a: ModelArgs, context: int, elem: int = 4) -> dict:
+    s = a.state_shapes(context)
+    slot = s.slot_bytes
+    return {
+        "context": context,
+        "weights_bytes": weight_params(a) * elem,
+        "kv_cache_bytes": s.kv_bytes,
+        "recurrent_state_bytes": s.recurrent_bytes,
+        "copy_slot_bytes": slot,
+        "slots_by_depth": {str(k): k * slot for k in range(1, 8)},
+        "mtp_head_bytes": mtp_params(a) * elem,
+        "mtp_kv_bytes": 2 * a.num_key_value_heads * context * a.head_dim * elem if a.mtp_layers else 0,
+    }
+
+
+def describe(p: dict) -> str:
+    def mib(b):
+        return f"{b / MIB:.1f} MiB"
+    lines = [
+        f"weights            {mib(p['weights_bytes'])}",
+        f"KV cache           {mib(p['kv_cache_bytes'])} at context {p['context']}",
+        f"recurrent state    {mib(p['recurrent_state_bytes'])}",
+        f"one copy slot      {mib(p['copy_slot_bytes'])}",
+        "copy slots by depth " + ", ".join(f"{k}: {mib(v)}" for k, v in p["slots_by_depth"].items()),
+    ]
+    if p["mtp_head_bytes"]:
+        lines.append(f"MTP head           {mib(p['mtp_head_bytes'])} (+ its KV {mib(p['mtp_kv_bytes'])})")
+    return "\n".join(lines)
