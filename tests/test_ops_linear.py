@@ -168,6 +168,31 @@ def test_no_compiler_falls_back_with_one_warning(monkeypatch):
         lin_mod._kernel.cache_clear()  # the next call loads the compiled kernel again
 
 
+def test_portable_variant_row_invariant_and_correct():
+    """The no-AVX2 build (plain C, 8 scalar lanes), compiled here on purpose."""
+    import ctypes
+
+    built = _build.build(lin_mod._SOURCE, variant="portable")
+    fn = built.lib.rowgemv
+    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+
+    def portable(x, w):
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], w.shape[0])
+        fn(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], w.shape[0], w.shape[1], torch.get_num_threads())
+        return y
+
+    for k, n in [(17, 13), (1000, 203), (1024, 1024)]:
+        w = rand(n, k, seed=n)
+        for nthreads in (1, 2):
+            with threads(nthreads):
+                for m in (1, 2, 3, 5, 8):
+                    x = rand(m, k, seed=m)
+                    assert_row_invariant(portable, x, w)
+                    ref = x.double() @ w.double().T
+                    assert (portable(x, w).double() - ref).norm() / ref.norm() < 1e-5
+
+
 def test_build_cache_key_and_atomic_name(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     src = tmp_path / "k.c"

@@ -55,15 +55,16 @@ def cache_dir() -> Path:
     return Path(root) / "verispec"
 
 
-def build(source: Path, compiler: str | None = None) -> Built | None:
+def build(source: Path, compiler: str | None = None, variant: str | None = None) -> Built | None:
     """Compile ``source`` (if not cached) and load it. None when no compiler exists.
 
     A compiler that exists but fails raises: that is a bug to see, not to hide.
+    ``variant`` ("avx2" or "portable") overrides the choice made from the CPU flags.
     """
     compiler = compiler or find_compiler()
     if compiler is None:
         return None
-    variant = "avx2" if cpu_has_avx2_fma() else "portable"
+    variant = variant or ("avx2" if cpu_has_avx2_fma() else "portable")
     flags = BASE_FLAGS + (AVX2_FLAGS if variant == "avx2" else ())
     key = hashlib.sha256()
     key.update(source.read_bytes())
