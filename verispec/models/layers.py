@@ -1,13 +1,24 @@
 """Shared blocks of the Qwen3-Next family: norms, partial RoPE tables, SwiGLU.
 
-Everything here is elementwise or reduces along the last dimension of one row, so a
-row's bits do not depend on how many rows ran with it (tested in tests/test_ops_rows.py).
+Reductions here run along the last dimension of one row. Transcendental elementwise ops
+(silu, sigmoid, softplus, exp) are NOT row-invariant in torch on this CPU: the vectorized
+main loop and the scalar tail round differently, so where an element lands depends on the
+tensor's size (measured: sigmoid differs at 4 rows, softplus at 8). `rowwise` runs them one
+row at a time on the decode/verify path, so each row gets exactly a 1-row call's bits.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+
+def rowwise(fn, *xs: torch.Tensor, exact: bool = True) -> torch.Tensor:
+    """fn(*xs) computed row by row (dim 0) when exact, so no row depends on the row count."""
+    rows = xs[0].shape[0]
+    if not exact or rows == 1:
+        return fn(*xs)
+    return torch.cat([fn(*(x[i:i + 1] for x in xs)) for i in range(rows)])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -17,20 +28,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (y * (1.0 + weight.float())).to(x.dtype)
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+                   exact: bool = True) -> torch.Tensor:
     """DeltaNet output norm: plain-weight RMSNorm, then times silu(gate)."""
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     y = weight * y.to(x.dtype)
-    return (y * F.silu(gate.float())).to(x.dtype)
+    return (y * rowwise(F.silu, gate.float(), exact=exact)).to(x.dtype)
 
 
 def l2_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return F.silu(gate) * up
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, exact: bool = True) -> torch.Tensor:
+    return rowwise(F.silu, gate, exact=exact) * up
 
 
 class RopeTable:

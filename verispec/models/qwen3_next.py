@@ -21,7 +21,7 @@ from ..ops import attention as attn_ops
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
-from .layers import RopeTable, apply_rope, gated_rms_norm, rms_norm, silu_mul
+from .layers import RopeTable, apply_rope, gated_rms_norm, rms_norm, rowwise, silu_mul
 
 EXACT_ROWS = 16
 FAMILIES = ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
@@ -371,7 +371,8 @@ class Model:
                 h = self._full_attn(layer.mixer, h, state, start, exact, lin)
             x = x + h
             h = rms_norm(x, layer.post_norm, self.args.rms_norm_eps)
-            x = x + (self._moe(layer.mlp, h, lin) if isinstance(layer.mlp, MoE) else self._dense(layer.mlp, h, lin))
+            x = x + (self._moe(layer.mlp, h, lin, exact) if isinstance(layer.mlp, MoE)
+                 else self._dense(layer.mlp, h, lin, exact))
         hidden = rms_norm(x, self.norm, self.args.rms_norm_eps)
         logits = lin(hidden, self.lm_head)
         state.kv_len = start + rows
@@ -406,10 +407,10 @@ class Model:
         q = mixed[:, :kd].reshape(rows, a.linear_num_key_heads, a.linear_key_head_dim)
         k = mixed[:, kd:2 * kd].reshape(rows, a.linear_num_key_heads, a.linear_key_head_dim)
         v = mixed[:, 2 * kd:].reshape(rows, hv, a.linear_value_head_dim)
-        beta = torch.sigmoid(b)
-        g = -m.a_log_exp * F.softplus(a_.float() + m.dt_bias)
+        beta = rowwise(torch.sigmoid, b, exact=exact)
+        g = -m.a_log_exp * rowwise(F.softplus, a_.float() + m.dt_bias, exact=exact)
         o = dn_ops.delta_rule_rows(q, k, v, g, beta, rec, on_row=save_rec)   # [rows, Hv, dv]
-        o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps)
+        o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, exact)
         return lin(o.reshape(rows, vd), m.out)
 
     def _full_attn(self, m: FullAttn, h, state: State, start, exact, lin):
@@ -434,10 +435,10 @@ class Model:
             o = attn_ops.attend_rows(q, kc, vc, start, scale)
         else:
             o = attn_ops.attend_prefill(q, kc, vc, start, scale)
-        o = o.reshape(rows, nh * hd) * torch.sigmoid(gate)
+        o = o.reshape(rows, nh * hd) * rowwise(torch.sigmoid, gate, exact=exact)
         return lin(o, m.out)
 
-    def _moe(self, m: MoE, h, lin):
+    def _moe(self, m: MoE, h, lin, exact):
         rows = h.shape[0]
         e, si = m.n_experts, m.shared_inter
         pre = lin(h, m.pre)                                     # [rows, E + 1 + 2*Is]
@@ -453,13 +454,13 @@ class Model:
             rr, slot = torch.where(top_i == ex)
             gu = lin(h[rr], m.experts_gu[ex])
             inter = gu.shape[1] // 2
-            y = lin(silu_mul(gu[:, :inter], gu[:, inter:]), m.experts_down[ex])
+            y = lin(silu_mul(gu[:, :inter], gu[:, inter:], exact), m.experts_down[ex])
             out.index_add_(0, rr, y * top_w[rr, slot, None])
-        shared = lin(silu_mul(pre[:, e + 1:e + 1 + si], pre[:, e + 1 + si:]), m.shared_down)
-        return out + torch.sigmoid(pre[:, e:e + 1]) * shared
+        shared = lin(silu_mul(pre[:, e + 1:e + 1 + si], pre[:, e + 1 + si:], exact), m.shared_down)
+        return out + rowwise(torch.sigmoid, pre[:, e:e + 1], exact=exact) * shared
 
-    def _dense(self, m: DenseMLP, h, lin):
+    def _dense(self, m: DenseMLP, h, lin, exact):
         inter = m.gu.shape[0] // 2
         gu = lin(h, m.gu)
-        return lin(silu_mul(gu[:, :inter], gu[:, inter:]), m.down)
+        return lin(silu_mul(gu[:, :inter], gu[:, inter:], exact), m.down)
 

@@ -27,13 +27,13 @@ def conv_rows(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor,
         for j in range(1, k - 1):
             acc = acc + ring[:, j] * weight[:, j]
         acc = acc + x[m] * weight[:, k - 1]
-        out[m] = acc
+        out[m] = F.silu(acc)
         if k > 1:
             ring[:, :-1] = ring[:, 1:].clone()
             ring[:, -1] = x[m]
         if on_row is not None:
             on_row(m)
-    return F.silu(out)
+    return out
 
 
 def conv_prefill(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -60,12 +60,12 @@ def delta_rule_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     if rep > 1:
         q = q.repeat_interleave(rep, dim=1)
         k = k.repeat_interleave(rep, dim=1)
-    decay = g.float().exp()
+    g = g.float()
     beta = beta.float()
     v = v.float()
     out = torch.empty(rows, hv, v.shape[2], dtype=torch.float32)
     for m in range(rows):
-        state.mul_(decay[m][:, None, None])
+        state.mul_(g[m].exp()[:, None, None])
         kv_mem = torch.bmm(k[m][:, None, :], state)[:, 0, :]              # [Hv, dv]
         delta = (v[m] - kv_mem) * beta[m][:, None]
         state.add_(k[m][:, :, None] * delta[:, None, :])
