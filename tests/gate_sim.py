@@ -1,0 +1,84 @@
+"""A small decode loop around the gate's public calls, for the simulation tests.
+
+Synthetic: a forward of n rows takes cost(n) seconds, a source proposes `max_k` drafts at
+every step, each draft stands with probability accept(step) given the ones before it did,
+and a deeper draft (past the first) takes `draft_seconds` to write. It shares nothing with
+the gate but its public calls (pick, forward, result, draft_cost, stats).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SimRun:
+    tokens: int = 0
+    seconds: float = 0.0
+    verify_seconds: float = 0.0        # forwards of 2+ rows, plus their drafts' writing time
+    plain_equivalent: float = 0.0      # what plain steps would have taken for the verifies' tokens
+    ks: list[int] = field(default_factory=list)         # drafts carried, per step
+    own: list[bool] = field(default_factory=list)       # drafted by the gate's own choice (no probe)
+    accepted: list[int] = field(default_factory=list)   # drafts that stood, per step
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def probe_excess(self) -> float:
+        """Time the verifies cost beyond plain steps for the same tokens, share of decode time."""
+        return (self.verify_seconds - self.plain_equivalent) / self.seconds
+
+
+def simulate(cost: Callable[[int], float], accept: Callable[[int], float], steps: int, *,
+             gate=None, fixed: int | None = None, max_k: int = 5, seed: int = 0,
+             source: str = "lookup", draft_seconds: float = 0.0) -> SimRun:
+    """Run `steps` decode steps with the gate picking the depth, or at a fixed depth."""
+    assert (gate is None) != (fixed is None)
+    rng = random.Random(seed)
+    run = SimRun()
+    probes = gate.stats()["sources"][source]["probes"] if gate is not None else 0
+    for step in range(steps):
+        p = accept(step)
+        if gate is not None:
+            k = gate.pick(source, max_k)
+            if k:                                # a probe always carries a draft
+                before, probes = probes, gate.stats()["sources"][source]["probes"]
+                run.own.append(probes == before)
+            else:
+                run.own.append(False)
+        else:
+            k = min(fixed, max_k)
+            run.own.append(k > 0)
+        m = 0
+        while m < k and rng.random() < p:
+            m += 1
+        seconds = cost(k + 1)
+        drafting = (k - 1) * draft_seconds if k > 1 else 0.0
+        run.seconds += seconds + drafting
+        run.tokens += m + 1
+        if k:
+            run.verify_seconds += seconds + drafting
+            run.plain_equivalent += (m + 1) * cost(1)
+        if gate is not None:
+            for _ in range(k - 1):
+                if draft_seconds:
+                    gate.draft_cost(source, draft_seconds)
+            gate.forward(k + 1, seconds)
+            if k:
+                gate.result(source, m + 1 if m < k else k, m)
+        run.ks.append(k)
+        run.accepted.append(m)
+    return run
+
+
+def linear_cost(t1: float, rho: float) -> Callable[[int], float]:
+    return lambda n: t1 * (1.0 + (n - 1) * rho)
+
+
+def table_cost(t1: float, units: dict[int, float]) -> Callable[[int], float]:
+    """T(n) = t1 * units[n] (units[1] = 1)."""
+    return lambda n: t1 * units[n]
