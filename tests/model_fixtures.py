@@ -1,0 +1,37 @@
+"""Tiny checkpoints made once per test session (shared by the model and harness tests)."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+from verispec.engine import Engine
+from verispec.fixture import make_fixture
+
+_ROOT = Path(tempfile.mkdtemp(prefix="verispec-fixtures-"))
+
+# Weight scale of the test checkpoints: large enough that greedy top-2 margins stay above
+# 1e-3 for 64 steps, small enough that fp32 rounding stays ~1e-5 in the logits. Measured:
+# at scale 1.0 (init std 0.2) transformers' own fp32 forward is 1e-4..7e-4 away from its
+# fp64 forward on 8-layer fixtures, so no fp32 engine could meet 1e-4 there; at 0.3 it is
+# ~5e-6 and every seed still compares all 64 greedy steps.
+SCALE = 0.3
+
+# A prompt that ends with a repeating tail, so lookup proposes (test-matrix.md).
+REPEAT_PROMPT = [5, 9, 31, 2, 7, 11, 13, 17, 7, 11, 13, 17, 7, 11, 13, 17, 7, 11]
+
+
+@functools.lru_cache(maxsize=None)
+def fixture_dir(family: str = "qwen3_next", seed: int = 0, mtp: bool = False, byte_tokenizer: bool = False,
+                **kw) -> Path:
+    kw.setdefault("weight_scale", SCALE)
+    name = f"{family}-s{seed}-m{int(mtp)}-b{int(byte_tokenizer)}-" + "-".join(f"{k}{v}" for k, v in sorted(kw.items()))
+    return make_fixture(_ROOT / name, family=family, seed=seed, mtp=mtp, byte_tokenizer=byte_tokenizer, **kw)
+
+
+@functools.lru_cache(maxsize=None)
+def engine(family: str = "qwen3_next", seed: int = 0, mtp: bool = False, byte_tokenizer: bool = False,
+           **kw) -> Engine:
+    kw.setdefault("weight_scale", SCALE)
+    return Engine(fixture_dir(family, seed, mtp, byte_tokenizer, **kw))
