@@ -357,6 +357,11 @@ def test_deeper_p_stops_exactly_where_the_rule_says():
     g = Gate()
     timed(g, {2: 2.0})
     assert not g.deeper_p("mtp", [])             # 1.95 / 2.0 < 1
+    # k' < n includes k' = 0 (our literal reading): n drafts must be worth a plain step.
+    g = Gate()
+    timed(g, {2: 1.2, 3: 1.2})
+    # a = 0.15 (bin 1), next 0.95: v1 = 1.15/1.2 = 0.958 < 1, v2 = (1.15 + 0.1425)/1.2 = 1.077
+    assert not g.deeper_p("mtp", [0.15])
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -20,8 +20,9 @@ Our rule for a declined source (best 0; the seed's current rule probes less than
 one, gate-rules.md "Probes on free text"): a probe's expected cost, in plain steps beyond the
 plain step it replaces, is c = rows_cost(2) - 1 - a, and the source waits
 clamp(ceil(c / probe_budget), 4, 256) picks between probes, so the expected cost of its
-probes stays near probe_budget (0.8%) of the picks. a is a_1, except right after a probe
-whose draft stood, when the next probe is priced as if it will stand again (a = 1). So a
+probes stays near probe_budget (0.8%) of the picks. a is a_1 (or the recent probes'
+acceptance, memory 4, when higher), except right after a probe whose draft stood, when the
+next probe is priced as if it will stand again (a = 1). So a
 never-accepted source (a_1 -> 0) probes every (rows_cost(2) - 1) / 0.008 picks (63 when
 two rows cost 1.5 plain steps), a nearly paying one every 4, and once a probe stands the
 source probes every 4 picks until a_1 has climbed enough to draft on its own. While two
