@@ -90,7 +90,7 @@ class Engine:
 
     def generate(self, prompt: list[int], settings: RunSettings, *, keep_logits: bool = False,
                  on_token: Callable[[int], None] | None = None, decoder: Decoder | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> GenerateResult:
+                 clock: Callable[[], float] = time.perf_counter, eos_ids: set[int] | None = None) -> GenerateResult:
         if not prompt:
             raise UsageError("the prompt is empty")
         self.check_ids(prompt)
@@ -99,6 +99,7 @@ class Engine:
         ids: list[int] = []
         kept: list[torch.Tensor] = []
         finish = "length"
+        eos = self.eos_ids if eos_ids is None else eos_ids
         for i in range(settings.max_tokens):
             tok = pick(logits, len(prompt) + i, settings.sampling)
             ids.append(tok)
@@ -106,7 +107,7 @@ class Engine:
                 kept.append(logits.clone())
             if on_token is not None:
                 on_token(tok)
-            if tok in self.eos_ids:
+            if tok in eos:
                 finish = "stop"
                 break
             if i + 1 < settings.max_tokens:

@@ -21,7 +21,7 @@ def report_lines(stats: dict, *, gate_on: bool, gate_describe: str | None = None
             f"[verispec {name}] run: {tpf:.2f} tokens/forward ({forwards} forwards per {tokens} tokens)",
             f"acceptance {_pct(s['accepted'], s['drafts'])} ({s['accepted']}/{s['drafts']} drafts in {s['verifies']} verifies)",
         ]
-        probes = gate.get("by_source", {}).get(name, {}).get("probes", gate.get("probes", 0))
+        probes = gate.get("sources", {}).get(name, {}).get("probes", 0)
         parts.append(f"gate {'on' if gate_on else 'off'}, {stats['declined']} declined, {probes} probes"
                      if gate_on else "gate off")
         if stats.get("ended_mid_verify"):
