@@ -455,7 +455,7 @@ class Model:
             gu = lin(h[rr], m.experts_gu[ex])
             inter = gu.shape[1] // 2
             y = lin(silu_mul(gu[:, :inter], gu[:, inter:], exact), m.experts_down[ex])
-            out.index_add_(0, rr, y * top_w[rr, slot, None])
+            out[rr] += y * top_w[rr, slot, None]   # rr are distinct; index_add_ is slow with 2 threads
         shared = lin(silu_mul(pre[:, e + 1:e + 1 + si], pre[:, e + 1 + si:], exact), m.shared_down)
         return out + rowwise(torch.sigmoid, pre[:, e:e + 1], exact=exact) * shared
 
