@@ -97,7 +97,13 @@ def _model_dir(arg: str | None) -> Path:
     from .config import default_model_dir
 
     if arg:
-        return Path(arg)
+        # The flag names no model directory: a usage error (a damaged one is a runtime failure).
+        d = Path(arg)
+        if not d.is_dir():
+            raise UsageError(f"--model {arg}: no such directory")
+        if not (d / "config.json").exists():
+            raise UsageError(f"--model {arg}: no config.json there (not an HF model directory)")
+        return d
     d = default_model_dir()
     if not (d / "config.json").exists():
         raise UsageError(f"no --model given and the bundled model is not installed at {d}")
@@ -125,6 +131,12 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     if a.device == "cuda":
         raise UsageError("--device cuda: the CUDA path is not built yet; use --device cpu")
+    if a.threads is not None and a.threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {a.threads}")
+    if a.mtp_vocab < 0:
+        raise UsageError(f"--mtp-vocab must be >= 0 (0 = whole vocabulary), got {a.mtp_vocab}")
+    if a.dump_logits and not Path(a.dump_logits).resolve().parent.is_dir():
+        raise UsageError(f"--dump-logits {a.dump_logits}: its directory does not exist")
     if a.threads:
         torch.set_num_threads(a.threads)
     if (a.prompt is None) == (a.prompt_ids is None):
@@ -177,7 +189,12 @@ def cmd_plan(a: argparse.Namespace) -> int:
             raise UsageError(f"--config {a.config}: not valid JSON ({e})") from None
     else:
         cfg = read_config(_model_dir(a.model))
-    args = ModelArgs.from_dict(cfg)
+    if a.context < 1:
+        raise UsageError(f"--context must be >= 1, got {a.context}")
+    try:
+        args = ModelArgs.from_dict(cfg)
+    except KeyError as e:
+        raise VerispecError(f"{a.config or a.model or 'config.json'}: lacks a required field {e}") from None
     p = plan(args, a.context)
     print(json.dumps(p) if a.json else describe(p))
     return 0

@@ -45,6 +45,8 @@ class RunSettings:
     def __post_init__(self):
         if self.max_tokens < 1:
             raise UsageError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if self.context is not None and self.context < 1:
+            raise UsageError(f"--context must be >= 1, got {self.context}")
 
 
 def default_model_dir() -> Path:

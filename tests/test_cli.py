@@ -1,0 +1,309 @@
+"""`verispec run` through its entry point (DESIGN.md section 7), in-process.
+
+Every case calls `verispec.cli.main(argv)` and reads stdout/stderr with capsys; one
+smoke test runs the installed console script in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import counts, simulate_forced
+from model_fixtures import REPEAT_PROMPT, engine, fixture_dir
+from verispec.cli import main
+from verispec.config import DraftSettings, RunSettings
+from verispec.sampling import SamplingParams
+
+STATS_KEYS = ("tokens", "forwards", "drafts", "accepted", "verifies", "prefill_tok_s", "decode_tok_s")
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    capsys.readouterr()                       # drop anything printed before (fixture writing)
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture(scope="module")
+def byte_fx() -> Path:
+    return fixture_dir("qwen3_next", byte_tokenizer=True)
+
+
+@pytest.fixture(scope="module")
+def ids_fx() -> Path:
+    return fixture_dir("qwen3_next")        # no tokenizer: --prompt-ids only
+
+
+def plain(max_tokens, sampling=SamplingParams(), **kw) -> RunSettings:
+    return RunSettings(max_tokens=max_tokens, sampling=sampling, drafts=DraftSettings(lookup=False, mtp="off"), **kw)
+
+
+# ----- --json, stdout/stderr, counts -----
+
+def test_json_text_prompt(capsys, byte_fx):
+    rc, out, err = cli(capsys, "run", "hello", "--model", byte_fx, "--max-tokens", 12, "--lookup", "off", "--json")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 1, "stdout holds exactly the JSON object"
+    res = json.loads(lines[0])
+    assert set(res) == {"ids", "text", "stats"}
+    for k in STATS_KEYS:
+        assert k in res["stats"], k
+    s = res["stats"]
+    eng = engine("qwen3_next", byte_tokenizer=True)
+    prompt = eng.encode("hello")
+    assert prompt == list(b"hello") and s["prompt_tokens"] == 5
+    ref = eng.generate(prompt, plain(12))
+    assert res["ids"] == ref.ids and res["text"] == ref.text
+    n = len(res["ids"])
+    assert 1 <= n <= 12
+    # counts (DESIGN.md section 3): every pick but the last is fed, one forward each, no drafts
+    assert s["tokens"] == n - 1 and s["forwards"] == n - 1
+    assert s["drafts"] == s["accepted"] == s["verifies"] == 0
+    assert s["prefill_tok_s"] > 0 and (n == 1 or s["decode_tok_s"] > 0)
+    # the report goes to stderr, never stdout
+    assert "[verispec]" in err and "[verispec]" not in out
+    assert f"{n} tokens" in err
+
+
+def test_plain_text_output_is_just_the_text(capsys, byte_fx):
+    rc, out, err = cli(capsys, "run", "abc", "--model", byte_fx, "--max-tokens", 6)
+    assert rc == 0, err
+    eng = engine("qwen3_next", byte_tokenizer=True)
+    ref = eng.generate(eng.encode("abc"), RunSettings(max_tokens=6))
+    assert out == ref.text + "\n"
+    assert "[verispec]" in err
+
+
+def test_prompt_ids_and_dump_logits(capsys, ids_fx, tmp_path):
+    dump = tmp_path / "logits.npy"
+    rc, out, err = cli(capsys, "run", "--prompt-ids", ",".join(map(str, REPEAT_PROMPT)), "--model", ids_fx,
+                       "--max-tokens", 16, "--lookup", "off", "--json", "--dump-logits", dump)
+    assert rc == 0, err
+    res = json.loads(out)
+    ref = engine("qwen3_next").generate(list(REPEAT_PROMPT), plain(16), keep_logits=True)
+    assert res["ids"] == ref.ids and len(ref.ids) == 16       # this fixture has no stop token
+    assert res["text"] == " ".join(map(str, ref.ids))          # no tokenizer: the ids as text
+    arr = np.load(dump)
+    assert arr.dtype == np.float32 and arr.shape == (16, 1000)
+    assert np.array_equal(arr, np.stack([t.numpy() for t in ref.logits]))
+    assert [int(r.argmax()) for r in arr] == res["ids"]        # greedy: each pick is its row's argmax
+
+
+def test_drafts_change_nothing_but_counts(capsys, tmp_path):
+    """Through the CLI: lookup drafts (gate off) give the same ids and bit-identical logits."""
+    fx = fixture_dir("qwen3_next", 2, vocab_size=40)    # a small vocabulary: the output repeats
+    ids = ",".join(map(str, REPEAT_PROMPT))
+    arms = {}
+    for arm, flags in (("plain", ["--lookup", "off"]), ("lookup", ["--lookup", "on", "--gate", "off"])):
+        dump = tmp_path / f"{arm}.npy"
+        rc, out, err = cli(capsys, "run", "--prompt-ids", ids, "--model", fx, "--max-tokens", 60, "--json",
+                           "--dump-logits", dump, *flags)
+        assert rc == 0, err
+        arms[arm] = (json.loads(out), np.load(dump))
+    (p, pl), (d, dl) = arms["plain"], arms["lookup"]
+    assert d["ids"] == p["ids"]
+    assert np.array_equal(dl, pl)
+    assert d["stats"]["verifies"] > 0, "the repeating prompt should make lookup propose"
+    assert d["stats"]["forwards"] < p["stats"]["forwards"] or d["stats"]["accepted"] == 0
+
+
+def test_force_with_reference(capsys, ids_fx, tmp_path):
+    ids = ",".join(map(str, REPEAT_PROMPT))
+    rc, out, err = cli(capsys, "run", "--prompt-ids", ids, "--model", ids_fx, "--max-tokens", 12, "--json",
+                       "--lookup", "off")
+    assert rc == 0, err
+    ref = tmp_path / "ref.json"
+    ref.write_text(out)
+    rc, out, err = cli(capsys, "run", "--prompt-ids", ids, "--model", ids_fx, "--max-tokens", 12, "--json",
+                       "--force", "accept", "--reference", ref, "--gate", "off")
+    assert rc == 0, err
+    res = json.loads(out)
+    assert res["ids"] == json.loads(ref.read_text())["ids"]
+    # counts as the verify loop's rules predict them (harness.simulate_forced shares no code)
+    prompt, ref_ids = list(REPEAT_PROMPT), res["ids"]
+    context = engine("qwen3_next").context_for(len(prompt), RunSettings(max_tokens=12))
+    want = simulate_forced(ref_ids, len(prompt), context, 5, "accept", 1000)
+    assert counts(res["stats"]) == want
+    assert want["accepted"] > 0
+
+
+def test_sampling_flags(capsys, ids_fx):
+    ids = ",".join(map(str, REPEAT_PROMPT))
+    got = {}
+    for seed in (3, 4):
+        rc, out, err = cli(capsys, "run", "--prompt-ids", ids, "--model", ids_fx, "--max-tokens", 16, "--json",
+                           "--temperature", 1.5, "--top-p", 0.95, "--top-k", 50, "--seed", seed)
+        assert rc == 0, err
+        got[seed] = json.loads(out)["ids"]
+        ref = engine("qwen3_next").generate(list(REPEAT_PROMPT), plain(16, SamplingParams(1.5, 0.95, 50, seed)))
+        assert got[seed] == ref.ids
+    assert got[3] != got[4], "the seed reaches the sampler"
+    greedy = engine("qwen3_next").generate(list(REPEAT_PROMPT), plain(16)).ids
+    assert got[3] != greedy, "the temperature reaches the sampler"
+
+
+def test_prefill_batch_off_and_threads(capsys, ids_fx):
+    rc, out, err = cli(capsys, "run", "--prompt-ids", "1,2,3,4,5,6", "--model", ids_fx, "--max-tokens", 5,
+                       "--json", "--prefill-batch", "off", "--threads", 1, "--lookup", "off")
+    assert rc == 0, err
+    ref = engine("qwen3_next").generate([1, 2, 3, 4, 5, 6], plain(5, prefill_batch=False))
+    assert json.loads(out)["ids"] == ref.ids
+
+
+def test_mtp_checkpoint_loads_and_runs(capsys):
+    fx = fixture_dir("qwen3_5_moe", mtp=True, byte_tokenizer=True)
+    rc, out, err = cli(capsys, "run", "hi", "--model", fx, "--max-tokens", 4, "--mtp", "on", "--json")
+    assert rc == 0, err
+    assert 1 <= len(json.loads(out)["ids"]) <= 4
+
+
+def test_debug_gives_the_traceback(ids_fx):
+    with pytest.raises(Exception):
+        main(["--debug", "run", "--prompt-ids", "1,2,99999", "--model", str(ids_fx)])
+
+
+# ----- bad input: one line "verispec: error: ...", exit 2 (usage) or 1 (runtime) -----
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_config(d: Path, **changes) -> None:
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(changes)
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def _bad(tmp_path: Path, fx: Path, case: str) -> tuple[list, int, str]:
+    """(argv, expected exit code, a word the message must contain)."""
+    m = ["--model", fx]
+    if case == "missing model directory":
+        return ["run", "hi", "--model", tmp_path / "nope"], 2, "no such directory"
+    if case == "directory without config.json":
+        (tmp_path / "empty").mkdir()
+        return ["run", "hi", "--model", tmp_path / "empty"], 2, "config.json"
+    if case == "unsupported family":
+        d = _copy(fx, tmp_path / "llama")
+        _edit_config(d, model_type="llama")
+        return ["run", "hi", "--model", d], 1, "llama"
+    if case == "truncated safetensors":
+        d = _copy(fx, tmp_path / "trunc")
+        f = d / "model.safetensors"
+        f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+        return ["run", "hi", "--model", d], 1, "truncated"
+    if case == "damaged config.json":
+        d = _copy(fx, tmp_path / "cfg")
+        (d / "config.json").write_text('{"model_type": "qwen3_next", "hidden_size": ')
+        return ["run", "hi", "--model", d], 1, "config.json"
+    if case == "config.json without a required field":
+        d = _copy(fx, tmp_path / "field")
+        cfg = json.loads((d / "config.json").read_text())
+        del cfg["hidden_size"]
+        (d / "config.json").write_text(json.dumps(cfg))
+        return ["run", "hi", "--model", d], 1, "hidden_size"
+    if case == "token id out of range":
+        return ["run", "--prompt-ids", "1,2,259", *m], 2, "259"
+    if case == "negative token id":
+        return ["run", "--prompt-ids", "1,-3", *m], 2, "out of range"
+    if case == "token ids that are not numbers":
+        return ["run", "--prompt-ids", "1,x", *m], 2, "--prompt-ids"
+    if case == "prompt plus max-tokens beyond --context":
+        return ["run", "--prompt-ids", "1,2,3,4,5", "--max-tokens", 10, "--context", 12, *m], 2, "context"
+    if case == "max-tokens beyond the model's positions":
+        return ["run", "hi", "--max-tokens", 5000, *m], 2, "context"
+    if case == "context 0":
+        return ["run", "hi", "--context", 0, *m], 2, "--context"
+    if case == "negative temperature":
+        return ["run", "hi", "--temperature", -0.5, *m], 2, "temperature"
+    if case == "top-p above 1":
+        return ["run", "hi", "--top-p", 1.5, *m], 2, "top_p"
+    if case == "lookup-drafts 9":
+        return ["run", "hi", "--lookup-drafts", 9, *m], 2, "--lookup-drafts"
+    if case == "force without reference":
+        return ["run", "hi", "--force", "accept", *m], 2, "--reference"
+    if case == "bad force value":
+        ref = tmp_path / "ref.json"
+        ref.write_text(json.dumps({"ids": [1, 2, 3], "text": "", "stats": {}}))
+        return ["run", "hi", "--force", "sometimes", "--reference", ref, *m], 2, "--force"
+    if case == "missing reference file":
+        return ["run", "hi", "--force", "accept", "--reference", tmp_path / "none.json", *m], 2, "--reference"
+    if case == "mtp on without a head":
+        return ["run", "hi", "--mtp", "on", *m], 2, "MTP"
+    if case == "device cuda":
+        return ["run", "hi", "--device", "cuda", *m], 2, "cuda"
+    if case == "threads 0 or less":
+        return ["run", "hi", "--threads", -1, *m], 2, "--threads"
+    if case == "dump-logits into a missing directory":
+        return ["run", "hi", "--dump-logits", tmp_path / "no" / "x.npy", *m], 2, "--dump-logits"
+    if case == "no prompt":
+        return ["run", *m], 2, "PROMPT"
+    if case == "empty prompt":
+        return ["run", "", *m], 2, "empty"
+    if case == "text prompt without a tokenizer":
+        d = _copy(fx, tmp_path / "notok")
+        (d / "tokenizer.json").unlink()
+        return ["run", "hi", "--model", d], 2, "--prompt-ids"
+    if case == "unknown flag":
+        return ["run", "hi", "--frobnicate", *m], 2, "frobnicate"
+    raise AssertionError(case)
+
+
+BAD_CASES = [
+    "missing model directory", "directory without config.json", "unsupported family", "truncated safetensors",
+    "damaged config.json", "config.json without a required field", "token id out of range", "negative token id",
+    "token ids that are not numbers", "prompt plus max-tokens beyond --context",
+    "max-tokens beyond the model's positions", "context 0", "negative temperature", "top-p above 1",
+    "lookup-drafts 9", "force without reference", "bad force value", "missing reference file",
+    "mtp on without a head", "device cuda", "threads 0 or less", "dump-logits into a missing directory",
+    "no prompt", "empty prompt", "text prompt without a tokenizer",
+    "unknown flag",
+]
+
+
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_bad_input_one_line_and_exit_code(capsys, tmp_path, byte_fx, case):
+    argv, code, word = _bad(tmp_path, byte_fx, case)
+    rc, out, err = cli(capsys, *argv)
+    assert rc == code, (case, err)
+    assert out == "", "nothing on stdout on failure"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("verispec: error: ")
+    assert "Traceback" not in err and "--debug" not in err, "an expected failure, not a bug"
+    assert word.lower() in lines[0].lower(), lines[0]
+
+
+@pytest.mark.parametrize("argv,code,word", [
+    (["plan", "--config", "/nonexistent/config.json"], 2, "no such file"),
+    (["plan", "--model", "/nonexistent/dir"], 2, "no such directory"),
+    (["plan", "--config", "CFG", "--context", 0], 2, "--context"),
+])
+def test_plan_bad_input(capsys, byte_fx, argv, code, word):
+    argv = [byte_fx / "config.json" if a == "CFG" else a for a in argv]
+    rc, out, err = cli(capsys, *argv)
+    assert rc == code and out == ""
+    assert err.startswith("verispec: error: ") and len(err.strip().splitlines()) == 1
+    assert word in err
+
+
+def test_installed_console_script(tmp_path, ids_fx):
+    """The one subprocess: the `verispec` script pip installed, end to end."""
+    exe = Path(sys.executable).parent / "verispec"
+    if not exe.exists():
+        exe = shutil.which("verispec")
+    assert exe, "the verispec console script is not installed (pip install -e .)"
+    r = subprocess.run([str(exe), "run", "--prompt-ids", "1,2,3", "--model", str(ids_fx), "--max-tokens", "3",
+                        "--json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["ids"] == engine("qwen3_next").generate([1, 2, 3], RunSettings(max_tokens=3)).ids
+    assert "[verispec]" in r.stderr
