@@ -147,10 +147,11 @@ def cmd_run(a: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     reference = _read_reference(a.reference) if a.reference else None
     drafts = DraftSettings(lookup=a.lookup, lookup_drafts=a.lookup_drafts, mtp=a.mtp, mtp_drafts=a.mtp_drafts,
-                           mtp_pstep=a.mtp_pstep, gate=a.gate, force=a.force, reference=reference)
+                           mtp_pstep=a.mtp_pstep, mtp_vocab=a.mtp_vocab, gate=a.gate, force=a.force,
+                           reference=reference)
     settings = RunSettings(max_tokens=a.max_tokens, sampling=sampling, drafts=drafts,
                            prefill_batch=a.prefill_batch, context=a.context)
-    eng = load_engine(_model_dir(a.model), read_mtp=a.mtp != "off")
+    eng = load_engine(_model_dir(a.model), read_mtp=a.mtp != "off", usage_file=a.vocab_usage)
     if a.prompt_ids is not None:
         prompt = a.prompt_ids
     else:
@@ -163,6 +164,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.mtp == "on" and not eng.has_mtp:
         raise UsageError(f"--mtp on: {eng.path} has no MTP head (mtp.* tensors)")
     res = eng.generate(prompt, settings, keep_logits=a.dump_logits is not None)
+    if a.usage_save:
+        eng.save_usage()
     if a.dump_logits:
         import numpy as np
         np.save(a.dump_logits, torch.stack(res.logits).float().numpy())

@@ -19,6 +19,8 @@ class DraftSettings:
     mtp: str = "auto"            # auto: use the head when the checkpoint has one; on; off
     mtp_drafts: int = 1          # 0 = auto (the gate picks 0..3)
     mtp_pstep: bool | None = None
+    mtp_wiring: str = "post"     # the backbone hidden state the head reads: after ("post") or before its final norm
+    mtp_vocab: int = 16000       # tokens the head scores per draft; 0 = the whole vocabulary
     gate: bool = True
     force: str | None = None     # a forced test mode (drafts/forced.py)
     reference: tuple[int, ...] | None = None   # the reference run's generated ids
@@ -30,6 +32,10 @@ class DraftSettings:
             raise UsageError(f"--mtp must be on or off, got {self.mtp!r}")
         if not 0 <= self.mtp_drafts <= 3:
             raise UsageError(f"--mtp-drafts must be 1, 2, 3 or auto (0), got {self.mtp_drafts}")
+        if self.mtp_wiring not in ("post", "pre"):
+            raise UsageError(f"MTP wiring must be post or pre, got {self.mtp_wiring!r}")
+        if self.mtp_vocab < 0:
+            raise UsageError(f"--mtp-vocab must be >= 0, got {self.mtp_vocab}")
         if self.force is not None and self.reference is None:
             raise UsageError("--force needs --reference REF.json (the --json output of a plain run)")
 

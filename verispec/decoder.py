@@ -21,7 +21,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from .models import Model
+from .models import ForwardOut, Model
 from .state import State
 from .stats import DecodeStats
 
@@ -44,7 +44,6 @@ class _Pending:
 
 @dataclass
 class DecoderConfig:
-    max_drafts: int = 5
     prefill_batch: bool = True
 
 
@@ -64,21 +63,22 @@ class Decoder:
     def prefill(self, ids: list[int]) -> torch.Tensor:
         """Feed the prompt (or the new part of it); returns the logits after its last token."""
         self._settle_all()
+        start = self.state.kv_len
         t0 = self.clock()
         if self.config.prefill_batch:
             out = self.model.forward(ids, self.state)
-            logits, hidden = out.logits[-1], out.hidden[-1]
         else:
-            for tok in ids:
-                out = self.model.forward([tok], self.state, exact=True)
-            logits, hidden = out.logits[-1], out.hidden[-1]
+            outs = [self.model.forward([tok], self.state, exact=True) for tok in ids]
+            out = ForwardOut(*(torch.cat([getattr(o, f) for o in outs]) for f in ("logits", "hidden", "hidden_pre")))
         self.stats.prefill_seconds += self.clock() - t0
         self.stats.prompt_tokens += len(ids)
-        self.last_hidden = hidden
+        self.last_hidden = out.hidden[-1]
         for s in self.sources:
             if hasattr(s, "sync"):
                 s.sync(self.state.tokens)
-        return logits
+            if hasattr(s, "after_prefill"):
+                s.after_prefill(out, list(ids), start)
+        return out.logits[-1]
 
     # ----- decode -----
     def logits_after(self, tok: int) -> torch.Tensor:
@@ -115,16 +115,19 @@ class Decoder:
         if self.gate is not None:
             judged = p.used + 1 if rejected else p.used
             self.gate.result(p.source, judged, p.used)
+        for s in self.sources:
+            if hasattr(s, "settle"):
+                s.settle(keep)
 
-    def _propose(self, tok: int) -> tuple[str, list[int]]:
+    def _propose(self, tok: int, room: int) -> tuple[str, list[int]]:
         """Ask every source; carry the proposal the gate values most (the longer on a tie)."""
         history = self.state.tokens + [tok]
         best: tuple[float, int, str, list[int]] | None = None
         for s in self.sources:
-            drafts = s.propose(history, self.config.max_drafts)
+            drafts = s.propose(history, room)     # every source is asked: the MTP head absorbs here
             if not drafts:
                 continue
-            if self.gate is not None:
+            if self.gate is not None and getattr(s, "gated_by_decoder", True):
                 k = self.gate.pick(s.name, len(drafts))
                 if k == 0:
                     self.stats.declined += 1
@@ -143,9 +146,8 @@ class Decoder:
         return name, (spoil(drafts) if spoil else drafts)
 
     def _step(self, tok: int) -> torch.Tensor:
-        room = self.state.shapes.max_len - self.state.kv_len - 1
-        name, drafts = self._propose(tok) if room > 0 else ("", [])
-        drafts = drafts[:max(room, 0)]
+        room = max(self.state.shapes.max_len - self.state.kv_len - 1, 0)
+        name, drafts = self._propose(tok, room)
         if drafts and not self.state.ensure_slots(len(drafts)):
             self.stats.slot_alloc_failures += 1
             drafts = []
@@ -159,6 +161,12 @@ class Decoder:
         self.stats.tokens += 1
         if self.gate is not None:
             self.gate.forward(rows, seconds)
+        fed = [tok] + drafts
+        for s in self.sources:
+            if hasattr(s, "after_forward"):
+                s.after_forward(out, fed, start)
+                if not drafts:
+                    s.settle(1)
         if drafts:
             self.stats.verifies += 1
             self.stats.drafts += len(drafts)

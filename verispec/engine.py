@@ -13,8 +13,11 @@ from .config import RunSettings
 from .decoder import Decoder, DecoderConfig
 from .drafts.forced import ForcedSource, ForceMode
 from .drafts.lookup_source import LookupSource
+from .drafts.mtp import MTPDrafter
+from .drafts.vocab import VocabList, usage_path
 from .errors import UsageError, VerispecError
 from .models import Model, ModelArgs
+from .models.mtp import MTPHead
 from .sampling import pick
 from .tokenizer import Tokenizer
 from .weights import load_checkpoint
@@ -32,13 +35,16 @@ class GenerateResult:
 
 
 class Engine:
-    def __init__(self, model_dir: str | Path, *, read_mtp: bool = True):
+    def __init__(self, model_dir: str | Path, *, read_mtp: bool = True, usage_file: str | None = None):
         self.path = Path(model_dir)
+        self.usage_file_override = usage_file
         ck = load_checkpoint(self.path, read_mtp=read_mtp)
         self.args = ModelArgs.from_dict(ck.config)
         self.model = Model(self.args, ck.tensors)
         self.has_mtp = ck.has_mtp
-        self.mtp_tensors = ck.mtp
+        self._mtp_tensors = ck.mtp
+        self._heads: dict[str, MTPHead] = {}
+        self.vocab_lists: dict[int, VocabList] = {}
         self.tokenizer = Tokenizer.from_dir(self.path)
         self.eos_ids = set(self.tokenizer.eos_ids) if self.tokenizer else set(self.args.eos_token_id)
 
@@ -67,26 +73,59 @@ class Engine:
                 f"({min(ctx, limit)} tokens)")
         return ctx
 
+    def head(self, wiring: str = "post") -> MTPHead:
+        if not self.has_mtp or not self._mtp_tensors:
+            raise UsageError(f"--mtp on: {self.path} has no MTP head (mtp.* tensors)")
+        if wiring not in self._heads:
+            self._heads[wiring] = MTPHead.load(self.model, self._mtp_tensors, wiring)
+        return self._heads[wiring]
+
+    def vocab_list(self, top_n: int) -> VocabList:
+        """One list per size, its counts read once from the counts file."""
+        if top_n not in self.vocab_lists:
+            v = VocabList(self.args.vocab_size, top_n)
+            v.load(self.usage_file)
+            self.vocab_lists[top_n] = v
+        return self.vocab_lists[top_n]
+
+    @property
+    def usage_file(self) -> Path:
+        return usage_path(self.path, self.usage_file_override)
+
+    def save_usage(self) -> None:
+        for v in self.vocab_lists.values():
+            v.save(self.usage_file)
+
+    def uses_mtp(self, settings: RunSettings) -> bool:
+        d = settings.drafts
+        if d.mtp == "on" and not self.has_mtp:
+            raise UsageError(f"--mtp on: {self.path} has no MTP head (mtp.* tensors)")
+        return d.mtp == "on" or (d.mtp == "auto" and self.has_mtp and bool(self._mtp_tensors))
+
     def new_decoder(self, settings: RunSettings, prompt: list[int], *, clock: Callable[[], float] = time.perf_counter,
                     state=None) -> Decoder:
         from .gate import Gate, GateConfig
 
         d = settings.drafts
-        if d.mtp == "on" and not self.has_mtp:
-            raise UsageError(f"--mtp on: {self.path} has no MTP head (mtp.* tensors)")
+        mtp = self.uses_mtp(settings)
+        gate = Gate(GateConfig(enabled=d.gate))
+        state = state or self.model.new_state(self.context_for(len(prompt), settings))
         sources = []
         if d.force is not None:
             mode = ForceMode.parse(d.force)
             ref = list(prompt) + list(d.reference)
-            forced = ForcedSource(mode, ref, len(prompt), self.args.vocab_size, seed=settings.sampling.seed)
-            forced.name = "lookup"
-            sources.append(forced)
-        elif d.lookup:
-            sources.append(LookupSource(d.lookup_drafts))
-        gate = Gate(GateConfig(enabled=d.gate)) if sources else None
-        state = state or self.model.new_state(self.context_for(len(prompt), settings))
-        return Decoder(self.model, state, sources=sources, gate=gate, clock=clock,
-                       config=DecoderConfig(max_drafts=d.lookup_drafts, prefill_batch=settings.prefill_batch))
+            sources.append(ForcedSource(mode, ref, len(prompt), self.args.vocab_size, seed=settings.sampling.seed,
+                                        name="mtp" if mtp else "lookup",
+                                        max_drafts=(d.mtp_drafts or 3) if mtp else d.lookup_drafts))
+        else:
+            if mtp:
+                vocab = self.vocab_list(d.mtp_vocab)
+                sources.append(MTPDrafter(self.head(d.mtp_wiring), d.mtp_drafts, state.shapes.max_len,
+                                          gate=gate, vocab=vocab, clock=clock))
+            if d.lookup:
+                sources.append(LookupSource(d.lookup_drafts))
+        return Decoder(self.model, state, sources=sources, gate=gate if sources else None, clock=clock,
+                       config=DecoderConfig(prefill_batch=settings.prefill_batch))
 
     def generate(self, prompt: list[int], settings: RunSettings, *, keep_logits: bool = False,
                  on_token: Callable[[int], None] | None = None, decoder: Decoder | None = None,
@@ -95,6 +134,10 @@ class Engine:
             raise UsageError("the prompt is empty")
         self.check_ids(prompt)
         dec = decoder or self.new_decoder(settings, prompt, clock=clock)
+        vocab = next((s.vocab for s in dec.sources if getattr(s, "vocab", None) is not None), None)
+        if vocab is not None:
+            vocab.start_request(prompt)
+            vocab.count_prompt(prompt)
         logits = dec.prefill(prompt)
         ids: list[int] = []
         kept: list[torch.Tensor] = []
@@ -105,6 +148,8 @@ class Engine:
             ids.append(tok)
             if keep_logits:
                 kept.append(logits.clone())
+            if vocab is not None:
+                vocab.count_pick(tok)
             if on_token is not None:
                 on_token(tok)
             if tok in eos:
@@ -116,6 +161,13 @@ class Engine:
         stats = dec.stats.as_dict()
         if dec.gate is not None:
             stats["gate"] = dec.gate.stats()
+            stats["gate_line"] = dec.gate.describe()
+        if vocab is not None:
+            stats["vocab"] = vocab.stats()
+        mtp = next((s for s in dec.sources if s.name == "mtp"), None)
+        if mtp is not None:
+            stats["mtp"] = {"depth": getattr(mtp, "depth", None),
+                            "wiring": getattr(getattr(mtp, "head", None), "wiring", "forced")}
         stats.update(_speeds(stats, len(ids)))
         return GenerateResult(ids, self.decode(ids), stats, finish, kept)
 
@@ -129,9 +181,9 @@ def _speeds(stats: dict, n_generated: int) -> dict:
     }
 
 
-def load_engine(model_dir: str | Path, *, read_mtp: bool = True) -> Engine:
+def load_engine(model_dir: str | Path, *, read_mtp: bool = True, usage_file: str | None = None) -> Engine:
     try:
-        return Engine(model_dir, read_mtp=read_mtp)
+        return Engine(model_dir, read_mtp=read_mtp, usage_file=usage_file)
     except VerispecError:
         raise
     except KeyError as e:

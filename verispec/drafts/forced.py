@@ -39,7 +39,10 @@ class ForceMode:
 
 
 class ForcedSource:
-    def __init__(self, mode: ForceMode, reference: list[int], prompt_len: int, vocab: int, seed: int = 0):
+    def __init__(self, mode: ForceMode, reference: list[int], prompt_len: int, vocab: int, seed: int = 0,
+                 name: str = "lookup", max_drafts: int = 5):
+        self.name = name
+        self.max_drafts = max_drafts
         self.mode = mode
         self.full = reference          # prompt + the reference's generated ids
         self.prompt_len = prompt_len
@@ -50,7 +53,8 @@ class ForcedSource:
     def propose(self, history: list[int], max_k: int) -> list[int]:
         """history: every token fed so far plus the token just picked."""
         n = len(history)
-        if n > len(self.full) or history[-1] != self.full[n - 1]:
+        max_k = min(max_k, self.max_drafts)
+        if max_k <= 0 or n > len(self.full) or history[-1] != self.full[n - 1]:
             return []   # off the reference: nothing to force
         return list(self.full[n:n + max_k])
 

@@ -30,6 +30,8 @@ class LookupSource:
             self.history.extend(new)
 
     def propose(self, history: list[int], max_k: int) -> list[int]:
+        if max_k <= 0:
+            return []
         # Between two proposals the history only grows (the previous pick always stands),
         # so only its new tail is added; prefill and undo call sync.
         if len(self.history) > len(history):

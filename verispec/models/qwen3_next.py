@@ -371,8 +371,8 @@ class Model:
                 h = self._full_attn(layer.mixer, h, state, start, exact, lin)
             x = x + h
             h = rms_norm(x, layer.post_norm, self.args.rms_norm_eps)
-            x = x + (self._moe(layer.mlp, h, lin, exact) if isinstance(layer.mlp, MoE)
-                 else self._dense(layer.mlp, h, lin, exact))
+            x = x + (self.moe(layer.mlp, h, lin, exact) if isinstance(layer.mlp, MoE)
+                 else self.dense(layer.mlp, h, lin, exact))
         hidden = rms_norm(x, self.norm, self.args.rms_norm_eps)
         logits = lin(hidden, self.lm_head)
         state.kv_len = start + rows
@@ -413,20 +413,13 @@ class Model:
         o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, exact)
         return lin(o.reshape(rows, vd), m.out)
 
-    def _full_attn(self, m: FullAttn, h, state: State, start, exact, lin):
+    def _full_attn(self, m: FullAttn, h, state: State, start, exact, lin, pos_offset: int = 0):
+        """Gated attention; rows are written to the cache at start.. and rotated at
+        positions start+pos_offset.. (the MTP head's pair p sits at index p, position p+1)."""
         a = self.args
         rows = h.shape[0]
-        nh, nkv, hd = a.num_attention_heads, a.num_key_value_heads, a.head_dim
-        proj = lin(h, m.w_qkv)
-        qg = proj[:, :2 * nh * hd].view(rows, nh, 2 * hd)
-        q, gate = qg[..., :hd], qg[..., hd:].reshape(rows, nh * hd)
-        k = proj[:, 2 * nh * hd:2 * nh * hd + nkv * hd].view(rows, nkv, hd)
-        v = proj[:, 2 * nh * hd + nkv * hd:].view(rows, nkv, hd)
-        q = rms_norm(q, m.q_norm, a.rms_norm_eps)
-        k = rms_norm(k, m.k_norm, a.rms_norm_eps)
-        cos, sin = self.rope.get(start, rows)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        nh, hd = a.num_attention_heads, a.head_dim
+        q, gate, k, v = self.qkv(m, h, start + pos_offset, lin)
         kc, vc = state.k[m.index], state.v[m.index]
         kc[:, start:start + rows] = k.transpose(0, 1)
         vc[:, start:start + rows] = v.transpose(0, 1)
@@ -438,7 +431,22 @@ class Model:
         o = o.reshape(rows, nh * hd) * rowwise(torch.sigmoid, gate, exact=exact)
         return lin(o, m.out)
 
-    def _moe(self, m: MoE, h, lin, exact):
+    def qkv(self, m: FullAttn, h, pos: int, lin):
+        """q [rows, heads, hd], gate [rows, heads*hd], k and v [rows, kv_heads, hd], rotated."""
+        a = self.args
+        rows = h.shape[0]
+        nh, nkv, hd = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        proj = lin(h, m.w_qkv)
+        qg = proj[:, :2 * nh * hd].view(rows, nh, 2 * hd)
+        q, gate = qg[..., :hd], qg[..., hd:].reshape(rows, nh * hd)
+        k = proj[:, 2 * nh * hd:2 * nh * hd + nkv * hd].view(rows, nkv, hd)
+        v = proj[:, 2 * nh * hd + nkv * hd:].view(rows, nkv, hd)
+        q = rms_norm(q, m.q_norm, a.rms_norm_eps)
+        k = rms_norm(k, m.k_norm, a.rms_norm_eps)
+        cos, sin = self.rope.get(pos, rows)
+        return apply_rope(q, cos, sin), gate, apply_rope(k, cos, sin), v
+
+    def moe(self, m: MoE, h, lin, exact):
         rows = h.shape[0]
         e, si = m.n_experts, m.shared_inter
         pre = lin(h, m.pre)                                     # [rows, E + 1 + 2*Is]
@@ -459,7 +467,7 @@ class Model:
         shared = lin(silu_mul(pre[:, e + 1:e + 1 + si], pre[:, e + 1 + si:], exact), m.shared_down)
         return out + rowwise(torch.sigmoid, pre[:, e:e + 1], exact=exact) * shared
 
-    def _dense(self, m: DenseMLP, h, lin, exact):
+    def dense(self, m: DenseMLP, h, lin, exact):
         inter = m.gu.shape[0] // 2
         gu = lin(h, m.gu)
         return lin(silu_mul(gu[:, :inter], gu[:, inter:], exact), m.down)

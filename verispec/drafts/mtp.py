@@ -1,0 +1,116 @@
+"""The MTP head as a draft source: drafts 1..3 deep, its own KV cache kept complete.
+
+Bookkeeping (pair p = (h_p, x_{p+1}) at head index p, see models/mtp.py):
+- after a prompt chunk, its completed pairs are absorbed (K/V only);
+- `propose` runs the pending pair (the last fed row's hidden state with the picked token)
+  as a full row at its index, then each deeper draft as a full row past it (a tail the
+  settled pairs overwrite); with nothing to draft it only absorbs the pending pair;
+- `settle(keep)` absorbs the standing rows of the last forward, each with the token that
+  followed it, and keeps the last standing row's hidden state as the next pending one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from ..models.mtp import MTPHead
+
+
+class MTPDrafter:
+    name = "mtp"
+    gated_by_decoder = False      # the drafter asks the gate itself, before writing drafts
+
+    def __init__(self, head: MTPHead, depth: int, max_len: int, *, gate=None, vocab=None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.head = head
+        self.depth = depth        # 1..3 fixed, 0 = auto (the gate picks 0..3)
+        self.cache = head.new_cache(max_len)
+        self.gate = gate
+        self.vocab = vocab
+        self.clock = clock
+        self.pending: torch.Tensor | None = None   # [H] hidden of the last fed row
+        self._rows: torch.Tensor | None = None     # hidden rows of the last forward
+        self._fed: list[int] = []
+        self._start = 0
+        self._vocab_key = None
+        self._vocab_w = None
+        self.last_probs: list[float] = []
+        self.logged: list[tuple[int, torch.Tensor]] = []   # (index, scores) when log_scores is set
+        self.log_scores = False
+
+    # ----- absorbing -----
+    def after_prefill(self, out, ids: list[int], start: int) -> None:
+        hidden = self.head.pick_hidden(out)
+        if self.pending is not None and start > 0:
+            self.head.absorb(self.cache, self.pending[None], [ids[0]], start - 1)
+        if len(ids) > 1:
+            self.head.absorb(self.cache, hidden[:-1], ids[1:], start)
+        self.pending = hidden[-1]
+
+    def after_forward(self, out, fed: list[int], start: int) -> None:
+        self._rows = self.head.pick_hidden(out)
+        self._fed = fed
+        self._start = start
+
+    def settle(self, keep: int) -> None:
+        if keep > 1:
+            self.head.absorb(self.cache, self._rows[:keep - 1], self._fed[1:keep], self._start)
+        self.pending = self._rows[keep - 1]
+
+    def reset(self) -> None:
+        self.pending = None
+
+    # ----- drafting -----
+    def _vocab(self):
+        if self.vocab is None:
+            return None, None
+        ids = self.vocab.ids()
+        if ids is None:
+            return None, None
+        if ids is not self._vocab_key:
+            self._vocab_key = ids
+            self._vocab_w = self.head.model.lm_head[ids].contiguous()
+        return ids, self._vocab_w
+
+    def propose(self, history: list[int], max_k: int) -> list[int]:
+        tok = history[-1]
+        index = len(history) - 2          # the pending pair (h_{n-1}, x_n), n = fed tokens
+        k = min(max_k, self.depth or 3)
+        if k > 0 and self.depth == 0 and self.gate is not None:
+            k = self.gate.pick(self.name, k)
+        if k == 0 or self.pending is None:
+            if self.pending is not None:
+                self.head.absorb(self.cache, self.pending[None], [tok], index)
+            self.last_probs = []
+            return []
+        ids, weight = self._vocab()
+        drafts, probs = [], []
+        hidden, t = self.pending, tok
+        for j in range(k):
+            t0 = self.clock()
+            scores, out = self.head.row(self.cache, hidden, t, index + j, ids, weight)
+            if self.vocab is not None:
+                self.vocab.note_draft()
+            if self.log_scores:
+                self.logged.append((index + j, scores.clone()))
+            best = int(torch.argmax(scores))
+            drafts.append(int(ids[best]) if ids is not None else best)
+            probs.append(_own_probability(scores, best))
+            hidden, t = out[0], drafts[-1]
+            if j > 0 and self.gate is not None:
+                self.gate.draft_cost(self.name, self.clock() - t0)
+        self.last_probs = probs
+        return drafts
+
+
+def _own_probability(scores: torch.Tensor, best: int) -> float:
+    """The head's probability of its own token: softmax over the scores within 20 of the best."""
+    top = float(scores[best])
+    near = scores[scores >= top - 20.0]
+    return 1.0 / float(torch.exp(near.double() - top).sum()) if near.numel() else 1.0
+
+
+__all__ = ["MTPDrafter"]
