@@ -134,7 +134,8 @@ class Engine:
             raise UsageError("the prompt is empty")
         self.check_ids(prompt)
         dec = decoder or self.new_decoder(settings, prompt, clock=clock)
-        vocab = next((s.vocab for s in dec.sources if getattr(s, "vocab", None) is not None), None)
+        # (a forced source's `vocab` is the vocabulary size, not a list)
+        vocab = next((s.vocab for s in dec.sources if isinstance(getattr(s, "vocab", None), VocabList)), None)
         if vocab is not None:
             vocab.start_request(prompt)
             vocab.count_prompt(prompt)
