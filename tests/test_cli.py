@@ -160,7 +160,9 @@ def test_prefill_batch_off_and_threads(capsys, ids_fx):
 
 def test_mtp_checkpoint_loads_and_runs(capsys):
     fx = fixture_dir("qwen3_5_moe", mtp=True, byte_tokenizer=True)
-    rc, out, err = cli(capsys, "run", "hi", "--model", fx, "--max-tokens", 4, "--mtp", "on", "--json")
+    # --usage-save off: leave no counts file in the shared fixture directory
+    rc, out, err = cli(capsys, "run", "hi", "--model", fx, "--max-tokens", 4, "--mtp", "on", "--json",
+                       "--usage-save", "off")
     assert rc == 0, err
     assert 1 <= len(json.loads(out)["ids"]) <= 4
 
