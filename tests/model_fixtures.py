@@ -6,6 +6,8 @@ import functools
 import tempfile
 from pathlib import Path
 
+import torch
+
 from verispec.engine import Engine
 from verispec.fixture import make_fixture
 
@@ -24,14 +26,37 @@ REPEAT_PROMPT = [5, 9, 31, 2, 7, 11, 13, 17, 7, 11, 13, 17, 7, 11, 13, 17, 7, 11
 
 @functools.lru_cache(maxsize=None)
 def fixture_dir(family: str = "qwen3_next", seed: int = 0, mtp: bool = False, byte_tokenizer: bool = False,
-                **kw) -> Path:
+                aligned_head: bool = False, **kw) -> Path:
     kw.setdefault("weight_scale", SCALE)
-    name = f"{family}-s{seed}-m{int(mtp)}-b{int(byte_tokenizer)}-" + "-".join(f"{k}{v}" for k, v in sorted(kw.items()))
-    return make_fixture(_ROOT / name, family=family, seed=seed, mtp=mtp, byte_tokenizer=byte_tokenizer, **kw)
+    name = f"{family}-s{seed}-m{int(mtp)}-b{int(byte_tokenizer)}-a{int(aligned_head)}-" + "-".join(
+        f"{k}{v}" for k, v in sorted(kw.items()))
+    d = make_fixture(_ROOT / name, family=family, seed=seed, mtp=mtp, byte_tokenizer=byte_tokenizer, **kw)
+    if aligned_head:
+        _align_head(d)
+    return d
+
+
+def _align_head(d: Path) -> None:
+    """Make a random MTP head predictive: its fc passes the next token's normed embedding
+    through and its layer's outputs are damped (not removed: the head's attention over its
+    KV cache must still show in its logits). The head then predicts roughly what the
+    backbone's residual path does for that token, so real drafts are often accepted."""
+    from safetensors.torch import load_file, save_file
+
+    path = d / "model.safetensors"
+    t = load_file(str(path))
+    h = t["mtp.fc.weight"].shape[0]
+    t["mtp.fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
+    t["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(h)
+    t["mtp.norm.weight"] = t["model.norm.weight"].clone()
+    for k in list(t):
+        if k.startswith("mtp.layers.0.") and (k.endswith("o_proj.weight") or k.endswith("down_proj.weight")):
+            t[k] = t[k] * 0.1
+    save_file(t, str(path), metadata={"format": "pt"})
 
 
 @functools.lru_cache(maxsize=None)
 def engine(family: str = "qwen3_next", seed: int = 0, mtp: bool = False, byte_tokenizer: bool = False,
-           **kw) -> Engine:
+           aligned_head: bool = False, **kw) -> Engine:
     kw.setdefault("weight_scale", SCALE)
-    return Engine(fixture_dir(family, seed, mtp, byte_tokenizer, **kw))
+    return Engine(fixture_dir(family, seed, mtp, byte_tokenizer, aligned_head, **kw))

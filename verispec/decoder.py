@@ -58,6 +58,7 @@ class Decoder:
     stats: DecodeStats = field(default_factory=DecodeStats)
     pending: _Pending | None = None
     last_hidden: torch.Tensor | None = None          # [hidden] at the last standing row
+    trace: list | None = None                        # tests: (kv_len, source, drafts) of every verify
 
     # ----- prompt -----
     def prefill(self, ids: list[int]) -> torch.Tensor:
@@ -168,6 +169,8 @@ class Decoder:
                 if not drafts:
                     s.settle(1)
         if drafts:
+            if self.trace is not None:
+                self.trace.append((start, name, list(drafts)))
             self.stats.verifies += 1
             self.stats.drafts += len(drafts)
             src = self.stats.source(name)

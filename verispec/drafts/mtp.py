@@ -38,7 +38,7 @@ class MTPDrafter:
         self._vocab_key = None
         self._vocab_w = None
         self.last_probs: list[float] = []
-        self.logged: list[tuple[int, torch.Tensor]] = []   # (index, scores) when log_scores is set
+        self.logged: list = []   # (index, depth, vocab ids, scores) when log_scores is set (tests)
         self.log_scores = False
 
     # ----- absorbing -----
@@ -95,7 +95,7 @@ class MTPDrafter:
             if self.vocab is not None:
                 self.vocab.note_draft()
             if self.log_scores:
-                self.logged.append((index + j, scores.clone()))
+                self.logged.append((index + j, j, ids, scores.clone()))
             best = int(torch.argmax(scores))
             drafts.append(int(ids[best]) if ids is not None else best)
             probs.append(_own_probability(scores, best))

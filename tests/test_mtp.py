@@ -1,0 +1,165 @@
+"""The MTP head as a draft source: reference logits, its KV state, the test matrix, the vocabulary list."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from harness import SAMPLED, arm_settings, assert_same, counts, plain_settings, run, simulate_forced
+from model_fixtures import REPEAT_PROMPT, engine, fixture_dir
+from mtp_ref import RefHead
+
+FAMILIES = ["qwen3_next", "qwen3_5_moe"]
+N = 36
+
+
+def _ref_head(family, seed, **kw):
+    import json
+    d = fixture_dir(family, seed, mtp=True, **kw)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg = {**cfg, **cfg.get("rope_parameters", {})}
+    t = load_file(str(d / "model.safetensors"))
+    eng = engine(family, seed, mtp=True, **kw)
+    return RefHead(cfg, {k: v for k, v in t.items() if k.startswith("mtp.")}, eng.model.embed, eng.model.lm_head)
+
+
+def _plain_hidden(model, prompt, generated, wiring="post"):
+    """The backbone's hidden states at every committed position, as plain decoding computes them."""
+    st = model.new_state(len(prompt) + len(generated) + 1)
+    outs = [model.forward(prompt, st)]
+    for t in generated[:-1]:
+        outs.append(model.forward([t], st))
+    return torch.cat([o.hidden if wiring == "post" else o.hidden_pre for o in outs])
+
+
+def _check_logged(eng, ref, dec, prompt, res, wiring="post"):
+    full = list(prompt) + res.ids
+    hidden = _plain_hidden(eng.model, prompt, res.ids, wiring)
+    mtp = next(s for s in dec.sources if s.name == "mtp")
+    chains, checked = [], 0
+    for index, j, ids, scores in mtp.logged:
+        if j == 0:
+            chains.append([index, []])
+        chains[-1][1].append((ids, scores))
+    for index, rows in chains:
+        want = ref.chain(hidden[:index + 1], full[1:index + 2], len(rows))
+        for (ids, got), w in zip(rows, want):
+            w = w if ids is None else w[ids]
+            assert (got.double() - w).abs().max().item() < 1e-6, (index, len(rows))
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_head_logits_match_reference(family, depth):
+    eng = engine(family, 0, mtp=True)
+    ref = _ref_head(family, 0)
+    s = arm_settings(plain_settings(24), lookup=False, mtp="on", mtp_drafts=depth, mtp_vocab=0)
+    dec = eng.new_decoder(s, REPEAT_PROMPT)
+    next(x for x in dec.sources if x.name == "mtp").log_scores = True
+    res = eng.generate(REPEAT_PROMPT, s, decoder=dec)
+    assert _check_logged(eng, ref, dec, REPEAT_PROMPT, res) >= 23 * depth - 3
+
+
+def test_head_state_in_a_long_session_with_rejections_and_declines():
+    """Gate on (fake clock: rows cost 1.3 plain steps), auto depth, lookup too: rejections,
+    declined steps, lookup verifies whose standing rows the head absorbs."""
+    family, kw = "qwen3_next", {"vocab_size": 32, "aligned_head": True}
+    eng = engine(family, 4, mtp=True, **kw)
+    ref = _ref_head(family, 4, **kw)
+    ticks = {"t": 0.0}
+    rows_of_next = {"n": 1}
+
+    def clock():
+        return ticks["t"]
+
+    s = arm_settings(plain_settings(120), lookup=True, mtp="on", mtp_drafts=0, mtp_vocab=0, gate=True)
+    dec = eng.new_decoder(s, REPEAT_PROMPT, clock=clock)
+    mtp = next(x for x in dec.sources if x.name == "mtp")
+    mtp.log_scores = True
+    forward = eng.model.forward
+
+    def timed_forward(ids, state, **k):
+        out = forward(ids, state, **k)
+        ticks["t"] += 0.010 * (1 + 0.3 * (len(ids) - 1))
+        return out
+
+    dec.model = type("M", (), {"forward": staticmethod(timed_forward), "args": eng.model.args})()
+    dec.trace = []
+    res = eng.generate(REPEAT_PROMPT, s, decoder=dec)
+    st = res.stats
+    assert st["declined"] >= 1, "the gate never declined"
+    assert st["by_source"]["mtp"]["drafts"] > st["by_source"]["mtp"]["accepted"] >= 1
+    assert st["by_source"].get("lookup", {}).get("verifies", 0) >= 1
+    assert _check_logged(eng, ref, dec, REPEAT_PROMPT, res) >= 10   # head rows written after declines too
+    plain = run(eng, REPEAT_PROMPT, plain_settings(120))
+    assert res.ids == plain.ids
+    del rows_of_next
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_wiring_pre_and_post_differ(family):
+    eng = engine(family, 0, mtp=True)
+    out = {}
+    for wiring in ("post", "pre"):
+        s = arm_settings(plain_settings(8), lookup=False, mtp="on", mtp_drafts=1, mtp_vocab=0)
+        from dataclasses import replace
+        s = replace(s, drafts=replace(s.drafts, mtp_wiring=wiring))
+        dec = eng.new_decoder(s, REPEAT_PROMPT)
+        m = next(x for x in dec.sources if x.name == "mtp")
+        m.log_scores = True
+        eng.generate(REPEAT_PROMPT, s, decoder=dec)
+        out[wiring] = torch.stack([x[3] for x in m.logged])
+    assert (out["post"] - out["pre"]).abs().max().item() > 1e-2
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_forced_mtp_arms(family, depth):
+    eng = engine(family, 0, mtp=True)
+    base = plain_settings(N)
+    plain = run(eng, REPEAT_PROMPT, base)
+    ctx = eng.context_for(len(REPEAT_PROMPT), base)
+    for mode in ["reject", "accept", "mixed", "cycle"] + [f"row{r}" for r in range(1, depth + 1)]:
+        arm = run(eng, REPEAT_PROMPT, arm_settings(base, lookup=False, mtp="on", mtp_drafts=depth, force=mode,
+                                                   reference=tuple(plain.ids)))
+        assert_same(plain, arm, f"mtp {depth} {mode}")
+        assert set(arm.stats["by_source"]) == {"mtp"}
+        assert counts(arm.stats) == simulate_forced(plain.ids, len(REPEAT_PROMPT), ctx, depth, mode,
+                                                    eng.args.vocab_size), mode
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("sampling", ["greedy", "sampled"])
+def test_natural_mtp_arms(family, sampling):
+    eng = engine(family, 1, mtp=True, vocab_size=32)
+    base = plain_settings(N, sampling=SAMPLED) if sampling == "sampled" else plain_settings(N)
+    plain = run(eng, REPEAT_PROMPT, base)
+    arms = [dict(lookup=False, mtp="on", mtp_drafts=d) for d in (1, 2, 3, 0)]
+    arms += [dict(lookup=True, mtp="on", mtp_drafts=2), dict(lookup=True, mtp="on", mtp_drafts=0),
+             dict(lookup=True, mtp="on", mtp_drafts=0, gate=True)]
+    arms += [dict(lookup=False, mtp="on", mtp_drafts=0, force="cycle", reference=tuple(plain.ids))]
+    for a in arms:
+        arm = run(eng, REPEAT_PROMPT, arm_settings(base, **a))
+        assert_same(plain, arm, str(a))
+        if not a.get("gate"):
+            assert arm.stats["by_source"]["mtp"]["verifies"] >= 1, a
+
+
+def test_vocab_list_small_and_whole_give_identical_output(tmp_path):
+    eng = engine("qwen3_next", 1, mtp=True, vocab_size=64)
+    eng.usage_file_override = str(tmp_path / "counts.bin")
+    eng.vocab_lists.clear()
+    base = plain_settings(48)
+    plain = run(eng, REPEAT_PROMPT, base)
+    traces, results = {}, {}
+    for n in (0, 8):
+        s = arm_settings(base, lookup=False, mtp="on", mtp_drafts=2, mtp_vocab=n)
+        dec = eng.new_decoder(s, REPEAT_PROMPT)
+        dec.trace = []
+        results[n] = eng.generate(REPEAT_PROMPT, s, decoder=dec, keep_logits=True)
+        traces[n] = dec.trace
+        assert_same(plain, results[n], f"mtp vocab {n}")
+    v = results[8].stats["vocab"]
+    assert v["appended"] >= 1 and v["share_in_list"] < 1.0
+    assert traces[0] != traces[8], "the list never changed a draft"
