@@ -39,6 +39,7 @@ class _Pending:
     drafts: list[int]
     logits: torch.Tensor       # [k+1, vocab]: row j = logits after the j-th fed row
     hidden: torch.Tensor       # [k+1, hidden]
+    probs: list[float] | None  # the drafts' own probabilities, when the source gave them
     used: int = 0              # drafts the picks have matched so far
 
 
@@ -115,7 +116,7 @@ class Decoder:
         self.state.commit(p.start, rows, keep)
         if self.gate is not None:
             judged = p.used + 1 if rejected else p.used
-            self.gate.result(p.source, judged, p.used)
+            self.gate.result(p.source, judged, p.used, probs=p.probs)
         for s in self.sources:
             if hasattr(s, "settle"):
                 s.settle(keep)
@@ -178,7 +179,10 @@ class Decoder:
             src.drafts += len(drafts)
             for j in range(len(drafts)):
                 src.proposed_at[j] += 1
-            self.pending = _Pending(name, start, drafts, out.logits, out.hidden)
+            src_obj = next(s for s in self.sources if s.name == name)
+            probs = getattr(src_obj, "last_probs", None)
+            probs = probs[:len(drafts)] if probs and len(probs) >= len(drafts) else None
+            self.pending = _Pending(name, start, drafts, out.logits, out.hidden, probs)
         else:
             self.stats.plain_steps += 1
         self.last_hidden = out.hidden[0]

@@ -120,8 +120,10 @@ class Engine:
         else:
             if mtp:
                 vocab = self.vocab_list(d.mtp_vocab)
+                pstep = d.mtp_pstep if d.mtp_pstep is not None else d.mtp_drafts >= 2
                 sources.append(MTPDrafter(self.head(d.mtp_wiring), d.mtp_drafts, state.shapes.max_len,
-                                          gate=gate, vocab=vocab, clock=clock))
+                                          gate=gate if d.gate else None, vocab=vocab, clock=clock,
+                                          pstep=pstep and d.gate))
             if d.lookup:
                 sources.append(LookupSource(d.lookup_drafts))
         return Decoder(self.model, state, sources=sources, gate=gate if sources else None, clock=clock,

@@ -24,9 +24,12 @@ class MTPDrafter:
     gated_by_decoder = False      # the drafter asks the gate itself, before writing drafts
 
     def __init__(self, head: MTPHead, depth: int, max_len: int, *, gate=None, vocab=None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, pstep: bool = False):
         self.head = head
         self.depth = depth        # 1..3 fixed, 0 = auto (the gate picks 0..3)
+        # per-step depth within a fixed depth >= 2: write deeper drafts while the gate's
+        # deeper_p says they can pay, then trim with pick_p (never below one draft)
+        self.pstep = pstep and depth >= 2 and gate is not None
         self.cache = head.new_cache(max_len)
         self.gate = gate
         self.vocab = vocab
@@ -81,6 +84,8 @@ class MTPDrafter:
         k = min(max_k, self.depth or 3)
         if k > 0 and self.depth == 0 and self.gate is not None:
             k = self.gate.pick(self.name, k)
+        if self.pstep and self.gate.plain_due():
+            k = 0                          # the refresh plain step keeps T(1) measured
         if k == 0 or self.pending is None:
             if self.pending is not None:
                 self.head.absorb(self.cache, self.pending[None], [tok], index)
@@ -102,6 +107,11 @@ class MTPDrafter:
             hidden, t = out[0], drafts[-1]
             if j > 0 and self.gate is not None:
                 self.gate.draft_cost(self.name, self.clock() - t0)
+            if self.pstep and j + 1 < k and not self.gate.deeper_p(self.name, probs):
+                break
+        if self.pstep:
+            keep = max(1, self.gate.pick_p(self.name, probs))
+            drafts, probs = drafts[:keep], probs[:keep]
         self.last_probs = probs
         return drafts
 
