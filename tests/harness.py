@@ -89,3 +89,27 @@ def _wrong_rows(mode: str, v: int, k: int) -> set[int]:
 
 def counts(stats: dict) -> dict:
     return {k: stats[k] for k in ("forwards", "tokens", "accepted", "drafts", "verifies", "ended_mid_verify")}
+
+
+def fake_timed(eng, dec, row_cost: float = 0.0, t1: float = 0.010):
+    """Give `dec` a fake clock that only moves inside the model's forward: a forward of n rows
+    takes t1 * (1 + row_cost * (n - 1)) seconds (row_cost 0: extra rows are free)."""
+    t = {"now": 0.0}
+    forward = eng.model.forward
+
+    def timed(ids, state, **k):
+        out = forward(ids, state, **k)
+        t["now"] += t1 * (1 + row_cost * (len(ids) - 1))
+        return out
+
+    class _Timed:
+        args = eng.model.args
+
+    m = _Timed()
+    m.forward = timed
+    dec.model = m
+    dec.clock = lambda: t["now"]
+    for s in dec.sources:
+        if hasattr(s, "clock"):
+            s.clock = dec.clock
+    return dec

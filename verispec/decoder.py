@@ -59,7 +59,7 @@ class Decoder:
     stats: DecodeStats = field(default_factory=DecodeStats)
     pending: _Pending | None = None
     last_hidden: torch.Tensor | None = None          # [hidden] at the last standing row
-    trace: list | None = None                        # tests: (kv_len, source, drafts) of every verify
+    trace: list | None = None                        # tests: [kv_len, source, drafts, used] of every verify
 
     # ----- prompt -----
     def prefill(self, ids: list[int]) -> torch.Tensor:
@@ -113,6 +113,8 @@ class Decoder:
         self.pending = None
         rows = len(p.drafts) + 1
         keep = p.used + 1
+        if self.trace:
+            self.trace[-1][3] = p.used
         self.state.commit(p.start, rows, keep)
         if self.gate is not None:
             judged = p.used + 1 if rejected else p.used
@@ -171,7 +173,7 @@ class Decoder:
                     s.settle(1)
         if drafts:
             if self.trace is not None:
-                self.trace.append((start, name, list(drafts)))
+                self.trace.append([start, name, list(drafts), None])
             self.stats.verifies += 1
             self.stats.drafts += len(drafts)
             src = self.stats.source(name)
