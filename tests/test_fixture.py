@@ -161,11 +161,14 @@ def test_weight_scale_and_overrides(tmp_path):
     a, _ = _load(make_fixture(tmp_path / "a", seed=3, mtp=True))
     b, _ = _load(make_fixture(tmp_path / "b", seed=3, mtp=True, weight_scale=2.0))
     for k in a:
-        if a[k].dim() >= 2:
+        if a[k].dim() >= 2:  # (lm_head too: its extra scale is applied on top)
             assert torch.equal(b[k], 2.0 * a[k]), k
         else:
             assert torch.equal(b[k], a[k]), k
-    p = make_fixture(tmp_path / "c", family="qwen3_5_moe", num_layers=8, hidden_size=32, vocab_size=320,
+    c, _ = _load(make_fixture(tmp_path / "c", seed=3, mtp=True, lm_head_scale=1.0))
+    assert torch.equal(a["lm_head.weight"], 4.0 * c["lm_head.weight"])
+    assert all(torch.equal(a[k], c[k]) for k in a if k != "lm_head.weight")
+    p = make_fixture(tmp_path / "d", family="qwen3_5_moe", num_layers=8, hidden_size=32, vocab_size=320,
                      num_experts=8, top_k=2, tie_word_embeddings=True)
     cfg = json.loads((p / "config.json").read_text())
     assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"], cfg["num_experts"]) == (8, 32, 320, 8)
@@ -186,18 +189,29 @@ def test_bad_arguments(tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_margins_are_not_tiny(tmp_path, family):
     # The model tests compare greedy ids against transformers up to the first step whose
-    # top-2 margin is under 1e-3 and need at least 32 compared steps: the default weights
-    # must be peaky enough for that. Full-sequence recompute, as those tests do.
-    for seed in range(3):
+    # top-2 margin is under 1e-3 and need >= 32 compared steps, on seeds they choose. With
+    # the default scales about 1 seed in 20-30 hits such a margin within 32 steps (measured;
+    # see DEFAULT_LM_HEAD_SCALE), so most seeds must pass. With transformers' own init
+    # (initializer_range 0.02, lm_head_scale 1) most seeds fail within ~20 steps. The logits
+    # must not be one-hot either, or sampled decoding would just be greedy.
+    passed, top_probs = 0, []
+    seeds = range(4)
+    for seed in seeds:
         path = make_fixture(tmp_path / f"s{seed}", family=family, seed=seed)
         model, _ = _hf_load(path)
         ids = torch.randint(0, 1000, (1, 8), generator=torch.Generator().manual_seed(seed))
+        ok = True
         with torch.no_grad():
-            for step in range(32):
+            for _ in range(32):
                 logits = model(ids).logits[0, -1]
                 top2 = torch.topk(logits, 2).values
-                assert top2[0] - top2[1] >= 1e-3, (seed, step)
+                ok = ok and float(top2[0] - top2[1]) >= 1e-3
+                top_probs.append(float(torch.softmax(logits, 0).max()))
                 ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
+        passed += ok
+    assert passed >= len(seeds) - 1, passed
+    mean_top = sum(top_probs) / len(top_probs)
+    assert 0.2 < mean_top < 0.9, mean_top
 
 
 def test_cli_entry_points(tmp_path):
