@@ -19,6 +19,10 @@ _ROOT = Path(tempfile.mkdtemp(prefix="verispec-fixtures-"))
 # fp64 forward on 8-layer fixtures, so no fp32 engine could meet 1e-4 there; at 0.3 it is
 # ~5e-6 and every seed still compares all 64 greedy steps.
 SCALE = 0.3
+# The fixture module's default lm_head scale (4) makes logits ~4x larger and so their fp32
+# rounding ~4x larger too; the tests here were calibrated at 1 (64 greedy steps compared,
+# head logits within 1e-6 of an fp64 reference).
+LM_HEAD_SCALE = 1.0
 
 # A prompt that ends with a repeating tail, so lookup proposes (test-matrix.md).
 REPEAT_PROMPT = [5, 9, 31, 2, 7, 11, 13, 17, 7, 11, 13, 17, 7, 11, 13, 17, 7, 11]
@@ -28,6 +32,7 @@ REPEAT_PROMPT = [5, 9, 31, 2, 7, 11, 13, 17, 7, 11, 13, 17, 7, 11, 13, 17, 7, 11
 def fixture_dir(family: str = "qwen3_next", seed: int = 0, mtp: bool = False, byte_tokenizer: bool = False,
                 aligned_head: bool = False, **kw) -> Path:
     kw.setdefault("weight_scale", SCALE)
+    kw.setdefault("lm_head_scale", LM_HEAD_SCALE)
     name = f"{family}-s{seed}-m{int(mtp)}-b{int(byte_tokenizer)}-a{int(aligned_head)}-" + "-".join(
         f"{k}{v}" for k, v in sorted(kw.items()))
     d = make_fixture(_ROOT / name, family=family, seed=seed, mtp=mtp, byte_tokenizer=byte_tokenizer, **kw)
@@ -59,4 +64,5 @@ def _align_head(d: Path) -> None:
 def engine(family: str = "qwen3_next", seed: int = 0, mtp: bool = False, byte_tokenizer: bool = False,
            aligned_head: bool = False, **kw) -> Engine:
     kw.setdefault("weight_scale", SCALE)
+    kw.setdefault("lm_head_scale", LM_HEAD_SCALE)
     return Engine(fixture_dir(family, seed, mtp, byte_tokenizer, aligned_head, **kw))

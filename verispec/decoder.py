@@ -137,9 +137,8 @@ class Decoder:
                     self.stats.declined += 1
                     continue
                 drafts = drafts[:k]
-                value = self.gate.value(s.name, k)
-            else:
-                value = float(len(drafts))
+            # expected tokens per unit of time, from the gate's estimates (also with the gate off)
+            value = self.gate.value(s.name, len(drafts)) if self.gate is not None else float(len(drafts))
             cand = (value, len(drafts), s.name, drafts)
             if best is None or cand[:2] > best[:2]:
                 best = cand

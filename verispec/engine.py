@@ -130,18 +130,23 @@ class Engine:
                        config=DecoderConfig(prefill_batch=settings.prefill_batch))
 
     def generate(self, prompt: list[int], settings: RunSettings, *, keep_logits: bool = False,
-                 on_token: Callable[[int], None] | None = None, decoder: Decoder | None = None,
-                 clock: Callable[[], float] = time.perf_counter, eos_ids: set[int] | None = None) -> GenerateResult:
+                 on_token: Callable[[int, torch.Tensor], bool | None] | None = None, decoder: Decoder | None = None,
+                 clock: Callable[[], float] = time.perf_counter, eos_ids: set[int] | None = None,
+                 reuse: int = 0) -> GenerateResult:
+        """Generate after `prompt`. With `decoder` holding the first `reuse` prompt tokens
+        already (prefix reuse), only the rest is fed. on_token(tok, logits) may return
+        False to stop (finish_reason "cancelled"); the state is then plain decoding's."""
         if not prompt:
             raise UsageError("the prompt is empty")
         self.check_ids(prompt)
         dec = decoder or self.new_decoder(settings, prompt, clock=clock)
+        dec.stats = type(dec.stats)()
         # (a forced source's `vocab` is the vocabulary size, not a list)
         vocab = next((s.vocab for s in dec.sources if isinstance(getattr(s, "vocab", None), VocabList)), None)
         if vocab is not None:
             vocab.start_request(prompt)
-            vocab.count_prompt(prompt)
-        logits = dec.prefill(prompt)
+            vocab.count_prompt(prompt[reuse:])
+        logits = dec.prefill(prompt[reuse:])
         ids: list[int] = []
         kept: list[torch.Tensor] = []
         finish = "length"
@@ -153,8 +158,9 @@ class Engine:
                 kept.append(logits.clone())
             if vocab is not None:
                 vocab.count_pick(tok)
-            if on_token is not None:
-                on_token(tok)
+            if on_token is not None and on_token(tok, logits) is False:
+                finish = "cancelled"
+                break
             if tok in eos:
                 finish = "stop"
                 break
