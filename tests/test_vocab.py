@@ -19,7 +19,10 @@ from verispec.drafts.vocab import MAGIC, VERSION, VocabList, report_line, usage_
 
 def ids_list(v: VocabList) -> list[int]:
     t = v.ids()
-    assert t is not None and t.dtype == torch.int64
+    if t is None:                        # a list that holds every token is returned as None
+        assert v.top_n > 0 and v.list_size() == v.vocab_size
+        return list(range(v.vocab_size))
+    assert t.dtype == torch.int64
     return t.tolist()
 
 
@@ -60,14 +63,15 @@ def test_halving_at_exactly_1024_and_rebuild_then():
     v = VocabList(5000, top_n=2)                   # halve_every defaults to 1024
     v.start_request([])
     assert v.stats()["rebuilds"] == 1
+    assert v.ids() is None                         # no counts yet: the 2nd count is 0, every token is in
     # 1023 tokens: counts of 0 -> 500, 1 -> 300, 2 -> 223
     v.count_prompt([0] * 500 + [1] * 300 + [2] * 223)
     assert v.stats()["halvings"] == 0 and v.stats()["counted"] == 1023
-    assert ids_list(v) == [0, 1, 2]                # joined as conversation tokens
+    assert v.ids() is None                         # not rebuilt yet
     assert v.counts()[:3].tolist() == [500, 300, 223]
-    v.count_pick(3)                                # the 1024th counted token (not in the list)
+    v.count_pick(3)                                # the 1024th counted token (in the whole list)
     s = v.stats()
-    assert s["halvings"] == 1 and s["rebuilds"] == 2 and s["appended"] == 1
+    assert s["halvings"] == 1 and s["rebuilds"] == 2 and s["appended"] == 0
     assert v.counts()[:4].tolist() == [250, 150, 111, 0]   # 1 // 2 == 0
     # rebuild: top 2 = {0, 1}, c_N = 150, 3/4 -> 112.5: token 2 (111) not by the rule,
     # but 0..3 are conversation tokens
@@ -101,8 +105,7 @@ def test_rebuild_on_start_request_replaces_conversation():
     v.start_request([50, 51])
     v.count_prompt([1] * 10 + [2] * 9 + [3] * 3)
     v.count_pick(60)
-    before = ids_list(v)
-    assert before == [1, 2, 3, 50, 51, 60]
+    assert v.ids() is None                         # built before any count: every token
     v.start_request([70])                          # old conversation leaves; rule: {1, 2}
     assert ids_list(v) == [1, 2, 70]
     assert v.stats()["rebuilds"] == 2
@@ -140,12 +143,13 @@ def test_three_quarter_rule(c_n):
 def test_fewer_counted_tokens_than_n_and_all_zero():
     v = VocabList(50, top_n=10)
     v.start_request([])
-    assert ids_list(v) == []                       # all counts 0: just the (empty) conversation
-    v.start_request([3, 3, 8])
-    assert ids_list(v) == [3, 8]
+    assert v.ids() is None and v.list_size() == 50   # all counts 0: the N-th count is 0, every token is in
     v.count_prompt([30, 31, 31])
     v.start_request([])
-    assert ids_list(v) == [30, 31]                 # no N-th: all counted tokens, no zero-count ones
+    assert v.ids() is None                           # 2 counted tokens < N: still every token
+    v.count_prompt(list(range(10)))                  # now 12 counted tokens, the 10th has count 1
+    v.start_request([])
+    assert ids_list(v) == list(range(10)) + [30, 31]
 
 
 def test_conversation_tokens_always_in():
@@ -184,7 +188,8 @@ def test_missing_pick_joins_at_once_and_counts_as_appended():
 
 def test_note_draft_average_and_report_line():
     v = VocabList(100, top_n=2, halve_every=10_000)
-    v.start_request([1, 2])
+    v.count_prompt([1] * 3 + [2] * 3)
+    v.start_request([1, 2])                        # top 2 = {1, 2}, nothing else within 3/4
     v.note_draft()                                 # 2 ids
     v.count_pick(3)
     v.count_pick(4)
@@ -223,13 +228,11 @@ class Model:
         self.rule: set[int] = set()
 
     def rebuild(self):
-        ranked = sorted((t for t in range(self.vocab) if self.counts[t] > 0),
-                        key=lambda t: (-self.counts[t], t))
+        ranked = sorted(range(self.vocab), key=lambda t: (-self.counts[t], t))
         top = ranked[:self.top_n]
         rule = set(top)
-        if len(ranked) >= self.top_n:
-            c_n = self.counts[top[-1]]
-            rule |= {t for t in ranked if 4 * self.counts[t] >= 3 * c_n}
+        c_n = self.counts[top[-1]] if top else 0
+        rule |= {t for t in ranked if 4 * self.counts[t] >= 3 * c_n}
         self.rule = rule
 
     def count(self, t):

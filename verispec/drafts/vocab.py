@@ -104,15 +104,15 @@ class VocabList:
         return self.top_n == 0
 
     def _rule_mask(self) -> np.ndarray:
-        """count > 0 and 4*count >= 3*c_N, where c_N is the top_n-th largest count (if > 0)."""
+        """The seed's rule read literally: the top_n most counted tokens, plus every token
+        counted at least 3/4 of the top_n-th count. While fewer than top_n tokens have been
+        counted the top_n-th count is 0, so every token qualifies: a fresh list (no counts
+        file yet) is the whole vocabulary, not just the handful of tokens seen so far."""
         counts = self._counts
-        positive = counts > 0
         if self.top_n >= self.vocab_size:
-            return positive
+            return np.ones(self.vocab_size, dtype=bool)
         c_n = int(np.partition(counts, self.vocab_size - self.top_n)[self.vocab_size - self.top_n])
-        if c_n == 0:                # fewer than top_n tokens counted: all of them, nothing more
-            return positive
-        return positive & (4 * counts >= 3 * c_n)
+        return 4 * counts >= 3 * c_n     # c_n == 0: every token
 
     def _rebuild(self, *, counted_as_rebuild: bool = True) -> None:
         if self.whole_vocabulary:
@@ -133,8 +133,8 @@ class VocabList:
 
     def ids(self) -> torch.Tensor | None:
         """int64 ids of the list in ascending order (None = whole vocabulary); cached."""
-        if self.whole_vocabulary:
-            return None
+        if self.whole_vocabulary or self._in_list.all():
+            return None      # the list is every token: score the lm_head as it is, no gathered copy
         if self._ids is None:
             self._ids = torch.from_numpy(np.flatnonzero(self._in_list).astype(np.int64))
         return self._ids
