@@ -165,3 +165,24 @@ def test_vocab_list_small_and_whole_give_identical_output(tmp_path):
     v = results[8].stats["vocab"]
     assert v["appended"] >= 1 and v["share_in_list"] < 1.0
     assert traces[0] != traces[8], "the list never changed a draft"
+
+
+@pytest.mark.parametrize("fail_at", [None, 0, 5, 13])
+def test_mtp_copy_slots_allocated_once_and_failure_safe(fail_at):
+    from test_rollback import FailingAlloc
+
+    eng = engine("qwen3_next", 4, mtp=True, vocab_size=32, aligned_head=True)
+    base = plain_settings(40)
+    plain = run(eng, REPEAT_PROMPT, base)
+    s = arm_settings(base, lookup=False, mtp="on", mtp_drafts=3, mtp_vocab=0)
+    dec = eng.new_decoder(s, REPEAT_PROMPT)
+    alloc = FailingAlloc(-1 if fail_at is None else fail_at)
+    dec.state.slot_alloc = alloc
+    arm = eng.generate(REPEAT_PROMPT, s, decoder=dec, keep_logits=True)
+    assert_same(plain, arm, f"slots, failure at {fail_at}")
+    per_slot = 2 * eng.args.state_shapes(1).linear_layers
+    assert len(dec.state.slots) == 3
+    # three slots' tensors, plus the one failed attempt: nothing allocated per verify
+    assert alloc.calls == 3 * per_slot + (0 if fail_at is None else (fail_at % per_slot) + 1)
+    assert arm.stats["slot_alloc_failures"] == (0 if fail_at is None else 1)
+    assert arm.stats["verifies"] > 10
