@@ -1,4 +1,4 @@
-"""verispec run | plan | fixture  (DESIGN.md section 7).
+"""verispec run | serve | plan | fixture  (DESIGN.md section 7).
 
 Exit codes: 0 success, 2 usage error, 1 runtime failure; one clear line, no traceback
 unless --debug.
@@ -86,6 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="a config.json instead of a model directory")
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--json", action="store_true")
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs: pip install -e '.[serve]')")
+    s.add_argument("--model", default=None, help="HF model directory (default: the bundled model)")
+    s.add_argument("--model-name", default=None, help="the model id the API shows (default: the directory's name)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--pin-slots", type=int, default=4, help="LRU pool of prompt snapshots (default 4)")
+    s.add_argument("--context", type=int, default=None, help="KV cache length (default: the model's, at most 4096)")
+    s.add_argument("--queue", type=int, default=16, help="requests that may wait behind the running one (default 16)")
+    add_draft_args(s)
 
     f = sub.add_parser("fixture", help="write a tiny random test checkpoint (needs transformers)")
     from .fixture import add_fixture_args
@@ -212,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(a)
         if a.cmd == "plan":
             return cmd_plan(a)
+        if a.cmd == "serve":
+            from .server import serve
+            return serve(a)
         if a.cmd == "fixture":
             from .fixture import main_fixture
             return main_fixture(a)
