@@ -84,3 +84,16 @@ def test_session_state_equals_fresh_run():
     # a fresh run prefills the whole prompt in one batch, the session in pieces; the ids must agree
     # (bit-equal logits are promised between drafted and plain sessions, which share the pieces)
     assert all(torch.isfinite(torch.tensor(e.logprob)) for e in logits)
+
+
+def test_asked_pins_outlive_automatic_ones():
+    eng = engine("qwen3_next", 0)
+    sess = _session(eng, DraftSettings(lookup=False, mtp="off"))
+    sess.pin_slots = 2
+    keep = [1, 2, 3, 4, 5]
+    sess.generate(keep, plain_settings(3), pin=True)
+    for p in ([9, 9, 9], [8, 8, 8], [7, 7, 7]):
+        sess.generate(p, plain_settings(3))
+    assert tuple(keep) in sess.pins and len(sess.pins) == 2
+    r = sess.generate(keep + [6], plain_settings(3))
+    assert r.stats["pin_restored"] and r.stats["reused_tokens"] == 5

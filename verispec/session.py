@@ -47,6 +47,7 @@ class Pin:
     ids: list[int]
     state: dict                    # State.snapshot()
     head: tuple | None             # (k, v, pending) of the MTP drafter
+    asked: bool = False            # taken for a request with "pin": true: automatic pins are evicted first
 
 
 class Session:
@@ -123,14 +124,19 @@ class Session:
             self._reset()
         return live, False
 
-    def _pin(self, ids: list[int]) -> None:
+    def _pin(self, ids: list[int], asked: bool) -> None:
         key = tuple(ids)
         if key in self.pins:
             self.pins.move_to_end(key)
+            self.pins[key].asked |= asked
             return
-        self.pins[key] = self._snapshot(ids)
+        pin = self._snapshot(ids)
+        pin.asked = asked
+        self.pins[key] = pin
         while len(self.pins) > self.pin_slots:
-            self.pins.popitem(last=False)
+            # least recently used first, automatic pins before asked-for ones
+            victim = next((k for k, p in self.pins.items() if not p.asked), next(iter(self.pins)))
+            del self.pins[victim]
 
     # ----- a turn -----
     def generate(self, prompt: list[int], settings: RunSettings, *, on_token=None, pin: bool = False,
@@ -149,7 +155,7 @@ class Session:
         def each(tok: int, logits: torch.Tensor):
             if not pinned["done"] and self.pin_slots > 0:
                 # after the prompt, before any decode row: the state is exactly the prompt's
-                self._pin(prompt)
+                self._pin(prompt, pin)
                 pinned["done"] = True
             entry = None
             if entries is not None:
@@ -161,7 +167,6 @@ class Session:
 
         settings = replace(settings, drafts=self.drafts)
         res = eng.generate(prompt, settings, decoder=self.decoder, reuse=reused, on_token=each)
-        del pin   # every prompt is pinned (LRU); `pin: true` asks for what happens anyway
         stats = dict(res.stats, reused_tokens=reused, pin_restored=restored, pinned=pinned["done"])
         self._count(prompt, reused, restored, res)
         report = report_lines(stats, gate_on=self.drafts.gate)
