@@ -3,6 +3,7 @@
 import functools
 
 import pytest
+import torch
 
 from harness import SAMPLED, arm_settings, assert_same, plain_settings, run
 from verispec.config import BUNDLED_MODEL
@@ -45,3 +46,67 @@ def test_bundled_model_mtp_drafts_are_accepted(eng):
     r = run(eng, prompt, arm_settings(plain_settings(64), lookup=False, mtp="on", mtp_drafts=1, mtp_vocab=0))
     s = r.stats["by_source"]["mtp"]
     assert s["verifies"] >= 10 and s["accepted"] >= 1
+
+
+# ----- quality (slow tier): held-out loss and the head's acceptance -----
+
+def _heldout_files():
+    import hashlib
+    import sysconfig
+    from pathlib import Path
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    manifest = Path(__file__).parent.parent / "docs" / "default-model-data.tsv"
+    out = []
+    for line in manifest.read_text().splitlines():
+        parts = line.split("\t")
+        if len(parts) == 4 and parts[3] == "heldout":
+            p = root / parts[0]
+            if p.exists() and hashlib.sha256(p.read_bytes()).hexdigest() == parts[2]:
+                out.append(p)
+    return out
+
+
+@pytest.mark.slow
+def test_bundled_model_heldout_loss(eng):
+    import torch.nn.functional as F
+
+    files = _heldout_files()
+    if len(files) < 20:
+        pytest.skip("the held-out stdlib files of docs/default-model-data.tsv are not on this machine")
+    total, n = 0.0, 0
+    for p in files:
+        ids = eng.encode(p.read_text())
+        for s in range(0, len(ids) - 1, 1024):
+            chunk = ids[s:s + 1025]
+            if len(chunk) < 2:
+                continue
+            st = eng.model.new_state(len(chunk))
+            logits = eng.model.forward(chunk[:-1], st, exact=False).logits
+            total += F.cross_entropy(logits, torch.tensor(chunk[1:]), reduction="sum").item()
+            n += len(chunk) - 1
+    loss = total / n
+    print(f"held-out loss {loss:.4f} over {n} tokens in {len(files)} files")
+    assert loss < 1.8
+
+
+@pytest.mark.slow
+def test_bundled_model_depth1_acceptance_on_heldout_prompt(eng):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
+    from mtp_reference import HELDOUT_PROMPT
+
+    prompt = eng.encode(HELDOUT_PROMPT)
+    base = plain_settings(128)
+    res = {}
+    for wiring in ("post", "pre"):
+        s = arm_settings(base, lookup=False, mtp="on", mtp_drafts=1, mtp_vocab=0)
+        from dataclasses import replace
+        s = replace(s, drafts=replace(s.drafts, mtp_wiring=wiring))
+        r = run(eng, prompt, s)
+        m = r.stats["by_source"]["mtp"]
+        res[wiring] = m["accepted"] / m["drafts"]
+    print(f"depth-1 acceptance: post-norm {res['post']:.3f}, pre-norm {res['pre']:.3f}")
+    assert res["post"] >= 0.70
