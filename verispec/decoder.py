@@ -38,7 +38,6 @@ class _Pending:
     start: int                 # kv_len before the verify
     drafts: list[int]
     logits: torch.Tensor       # [k+1, vocab]: row j = logits after the j-th fed row
-    hidden: torch.Tensor       # [k+1, hidden]
     probs: list[float] | None  # the drafts' own probabilities, when the source gave them
     used: int = 0              # drafts the picks have matched so far
 
@@ -58,7 +57,6 @@ class Decoder:
     config: DecoderConfig = field(default_factory=DecoderConfig)
     stats: DecodeStats = field(default_factory=DecodeStats)
     pending: _Pending | None = None
-    last_hidden: torch.Tensor | None = None          # [hidden] at the last standing row
     trace: list | None = None                        # tests: [kv_len, source, drafts, used] of every verify
 
     # ----- prompt -----
@@ -74,7 +72,6 @@ class Decoder:
             out = ForwardOut(*(torch.cat([getattr(o, f) for o in outs]) for f in ("logits", "hidden", "hidden_pre")))
         self.stats.prefill_seconds += self.clock() - t0
         self.stats.prompt_tokens += len(ids)
-        self.last_hidden = out.hidden[-1]
         for s in self.sources:
             if hasattr(s, "sync"):
                 s.sync(self.state.tokens)
@@ -93,7 +90,6 @@ class Decoder:
                 src = self.stats.source(p.source)
                 src.accepted += 1
                 src.accepted_at[p.used - 1] += 1
-                self.last_hidden = p.hidden[p.used]
                 return p.logits[p.used]
             self._settle(rejected=p.used < len(p.drafts))
         return self._step(tok)
@@ -183,8 +179,7 @@ class Decoder:
             src_obj = next(s for s in self.sources if s.name == name)
             probs = getattr(src_obj, "last_probs", None)
             probs = probs[:len(drafts)] if probs and len(probs) >= len(drafts) else None
-            self.pending = _Pending(name, start, drafts, out.logits, out.hidden, probs)
+            self.pending = _Pending(name, start, drafts, out.logits, probs)
         else:
             self.stats.plain_steps += 1
-        self.last_hidden = out.hidden[0]
         return out.logits[0]
