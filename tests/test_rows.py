@@ -33,7 +33,7 @@ def _check_model(model, prefix_lens, threads, max_rows=8, seed=0):
             for m in range(1, max_rows + 1):
                 a, b = model.new_state(pre + max_rows + 1), model.new_state(pre + max_rows + 1)
                 for st in (a, b):
-                    _restore(st, snap)
+                    st.restore(snap)
                 out = model.forward(ids[pre:pre + m], a)
                 one = [model.forward(ids[pre + i:pre + i + 1], b) for i in range(m)]
                 assert torch.equal(out.logits, torch.cat([o.logits for o in one])), (pre, m)
@@ -41,16 +41,6 @@ def _check_model(model, prefix_lens, threads, max_rows=8, seed=0):
                 _states_equal(a, b)
     finally:
         torch.set_num_threads(old)
-
-
-def _restore(st, snap):
-    n = snap["kv_len"]
-    st.kv_len = n
-    st.tokens[:] = snap["tokens"]
-    for dst, src in zip(st.k + st.v, snap["k"] + snap["v"]):
-        dst[:, :n] = src
-    for dst, src in zip(st.recurrent.conv + st.recurrent.rec, snap["conv"] + snap["rec"]):
-        dst.copy_(src)
 
 
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_moe"])

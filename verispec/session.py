@@ -81,15 +81,7 @@ class Session:
         return Pin(list(ids), self.decoder.state.snapshot(), head)
 
     def _restore(self, pin: Pin) -> None:
-        st = self.decoder.state
-        snap = pin.state
-        n = snap["kv_len"]
-        st.kv_len = n
-        st.tokens[:] = snap["tokens"]
-        for dst, src in zip(st.k + st.v, snap["k"] + snap["v"]):
-            dst[:, :n] = src
-        for dst, src in zip(st.recurrent.conv + st.recurrent.rec, snap["conv"] + snap["rec"]):
-            dst.copy_(src)
+        self.decoder.state.restore(pin.state)
         mtp = self._mtp
         if mtp is not None and pin.head is not None:
             k, v, pending = pin.head

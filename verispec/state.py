@@ -122,6 +122,16 @@ class State:
             self.slots[keep - 1] = self.recurrent
             self.recurrent = slot
 
+    def restore(self, snap: dict) -> None:
+        """Bring the state back to a snapshot() of a state of the same shapes."""
+        n = snap["kv_len"]
+        self.kv_len = n
+        self.tokens[:] = snap["tokens"]
+        for dst, src in zip(self.k + self.v, snap["k"] + snap["v"]):
+            dst[:, :n] = src
+        for dst, src in zip(self.recurrent.conv + self.recurrent.rec, snap["conv"] + snap["rec"]):
+            dst.copy_(src)
+
     def snapshot(self) -> dict:
         """A deep copy of everything that defines the sequence (tests and pins)."""
         n = self.kv_len
