@@ -1,0 +1,629 @@
+"""Benchmark: what speculation costs and buys on the mid-size random model (issues 3, 4, 5).
+
+    python bench/spec_costs.py [--rounds 3] [--tokens 32] [--gate-tokens 64] [--sections 3,4,5] [--quick]
+
+Section 3 (forced drafts, issue 3). On the mid-size model of bench/decode.py (hidden 1024,
+16 layers 3:1 DeltaNet:attention, 16 experts top-2, vocab 8192), every arm a greedy
+`Engine.generate` of --tokens tokens after a 64-token prompt: plain; forced accept with
+1..5 lookup drafts; forced reject with 1 and 5 drafts (`DraftSettings(lookup=True,
+lookup_drafts=k, gate=False, force=..., reference=<plain ids>)`). Reported: tokens per
+forward, decode tok/s (wall clock of the generate minus its prefill; the engine's own
+forward-only figure is in the JSON), and each arm's ids against plain's. Then the copy
+slots: T(M) of `model.forward(M rows, exact=True, save_slots=True)` against
+`save_slots=False` (state restored between forwards), and one slot's copy on its own
+(every DeltaNet layer's recurrent state and conv ring, `copy_`), which a verify pays once
+per row past the first.
+
+Section 4 (the MTP head, issue 4). On the fixture with an MTP head and on the mid-size model
+with a random one: a plain 1-row exact step, a head draft (the first row: the pending pair),
+a deeper draft (the head's own output fed back), absorbing k = 1..5 rows. Then the head's
+time against its vocabulary list on the mid-size model with a 151936-row lm_head: the whole
+vocabulary, a 16000-token list and a 4000-token list (a VocabList whose counts really give
+that size), and that model's plain step.
+
+Section 5 (the gate, issue 5). Forced `bernoulli:P` lookup drafts, P = 0.9, 0.6, 0.3, 0:
+the gate (`gate=True`, up to 5 drafts) against every fixed depth k = 1..5 (`gate=False`)
+and plain, --gate-tokens tokens per run. With the forced source the decoder's gate does
+pick the depth (ForcedSource has no `gated_by_decoder = False`, so `Decoder._propose` calls
+`gate.pick` and cuts the drafts before `spoil`). Then the real (random) MTP head on the
+mid-size model: plain, fixed depth 1 and 3 without the gate, depth 3 with the gate and
+per-step depth off / on (a random head's drafts almost never stand: the P ~ 0 case with
+real draft costs).
+
+Discipline: before each section the script waits (poll every 30 s, up to --wait s) for the
+1-minute load average to fall under --quiet-load, and records the load before and after.
+Arms are interleaved in every round (the order reversed every other round); tables show the
+median over rounds [min-max]. Raw numbers go to bench/results/spec_costs.json, tables to
+docs/benchmarks-spec.md (with --quick: /tmp, for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode import MODELS, machine  # noqa: E402  (bench/decode.py: the same models and machine line)
+
+from verispec.config import DraftSettings, RunSettings  # noqa: E402
+from verispec.drafts.vocab import VocabList  # noqa: E402
+from verispec.engine import Engine  # noqa: E402
+from verispec.fixture import make_fixture  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT_LEN = 64
+
+# The mid-size model of bench/decode.py with a random MTP head. make_fixture seeds the global
+# RNG, builds and randomizes the backbone, then draws the head: the backbone tensors are the
+# ones bench/decode.py's "mid" holds.
+SPECS = {
+    "fixture-mtp": dict(MODELS["fixture"], mtp=True),
+    "mid-mtp": dict(MODELS["mid"], mtp=True),
+    "mid-mtp-v152k": dict(MODELS["mid"], mtp=True, vocab_size=151936),
+}
+
+
+# ----- helpers ------------------------------------------------------------------------------
+
+def build(name: str, cache: Path) -> Path:
+    d = cache / name
+    if not (d / "config.json").exists():
+        t0 = time.perf_counter()
+        make_fixture(d, **SPECS[name])
+        log(f"wrote {name} to {d} in {time.perf_counter() - t0:.0f} s")
+    return d
+
+
+def log(msg: str) -> None:
+    print(f"[spec_costs] {msg}", file=sys.stderr, flush=True)
+
+
+def stat(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def fmt(s: dict | None, digits: int = 2, scale: float = 1.0) -> str:
+    if not s:
+        return "-"
+    return f"{s['median'] * scale:.{digits}f} [{s['min'] * scale:.{digits}f}-{s['max'] * scale:.{digits}f}]"
+
+
+class Quiet:
+    """Wait for a quiet machine before a section; record the load around it."""
+
+    def __init__(self, limit: float, wait_s: float, record: list, wait_total: float):
+        self.limit, self.wait_s, self.record, self.left = limit, wait_s, record, wait_total
+
+    def section(self, label: str):
+        return _Section(self, label)
+
+
+class _Section:
+    def __init__(self, q: Quiet, label: str):
+        self.q, self.label = q, label
+
+    def __enter__(self):
+        t0 = time.time()
+        load = os.getloadavg()
+        while load[0] >= self.q.limit and time.time() - t0 < min(self.q.wait_s, self.q.left):
+            log(f"{self.label}: load {load[0]:.2f} >= {self.q.limit}; waiting")
+            time.sleep(30)
+            load = os.getloadavg()
+        self.q.left -= time.time() - t0
+        self.entry = {"section": self.label, "waited_s": round(time.time() - t0), "load_before": list(load),
+                      "quiet": load[0] < self.q.limit, "start": time.strftime("%H:%M:%S")}
+        log(f"{self.label}: start, load {load[0]:.2f} (waited {self.entry['waited_s']} s)")
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.entry["load_after"] = list(os.getloadavg())
+        self.entry["seconds"] = round(time.perf_counter() - self.t0, 1)
+        self.q.record.append(self.entry)
+        log(f"{self.label}: done in {self.entry['seconds']} s, load after {self.entry['load_after'][0]:.2f}")
+
+
+def prompt_for(vocab: int) -> list[int]:
+    return [(13 * i + 5) % vocab for i in range(PROMPT_LEN)]
+
+
+def run_arm(eng: Engine, prompt: list[int], tokens: int, drafts: DraftSettings) -> dict:
+    settings = RunSettings(max_tokens=tokens, drafts=drafts)
+    t0 = time.perf_counter()
+    res = eng.generate(list(prompt), settings, eos_ids=set())
+    wall = time.perf_counter() - t0
+    s = res.stats
+    decode_wall = wall - s["prefill_seconds"]
+    out = {"ids": res.ids, "tokens": s["tokens"], "forwards": s["forwards"], "verifies": s["verifies"],
+           "drafts": s["drafts"], "accepted": s["accepted"], "declined": s["declined"],
+           "plain_steps": s["plain_steps"], "proposed_by_position": s["proposed_by_position"][:6],
+           "decode_wall_s": decode_wall, "decode_forward_s": s["decode_seconds"],
+           "prefill_s": s["prefill_seconds"], "wall_s": wall,
+           "tok_s": s["tokens"] / decode_wall, "tok_s_forward_only": s["decode_tok_s"]}
+    if "gate" in s:
+        g = s["gate"]
+        out["gate"] = {"T_ratio": {n: t / g["T"][1] for n, t in g["T"].items()} if 1 in g["T"] else {},
+                       "sources": {k: {f: v[f] for f in ("verifies", "probes", "declined", "trimmed", "draft_cost")}
+                                   for k, v in g["sources"].items() if v["verifies"] or v["declined"]}}
+    return out
+
+
+def interleaved(arms: dict, rounds: int, fn, label: str) -> dict[str, list]:
+    """fn(arm_value) -> sample; arms run in order, reversed every other round."""
+    raw = {a: [] for a in arms}
+    names = list(arms)
+    for r in range(rounds):
+        for a in (names if r % 2 == 0 else names[::-1]):
+            raw[a].append(fn(arms[a]))
+        log(f"{label} round {r + 1}/{rounds} done")
+    return raw
+
+
+def restore(state, start: int, saved) -> None:
+    state.kv_len = start
+    del state.tokens[start:]
+    for i in range(len(saved.rec)):
+        state.recurrent.copy_layer_from(saved, i)
+
+
+# ----- section 3: forced accept / reject, copy slots -----------------------------------------
+
+def section3(eng: Engine, rounds: int, tokens: int, reps: int) -> dict:
+    prompt = prompt_for(eng.args.vocab_size)
+    plain = DraftSettings(lookup=False, mtp="off")
+    ref = run_arm(eng, prompt, tokens, plain)["ids"]          # also the warm-up
+    arms = {"plain": plain}
+    for k in range(1, 6):
+        arms[f"accept{k}"] = DraftSettings(lookup=True, lookup_drafts=k, mtp="off", gate=False, force="accept",
+                                           reference=tuple(ref))
+    for k in (1, 5):
+        arms[f"reject{k}"] = DraftSettings(lookup=True, lookup_drafts=k, mtp="off", gate=False, force="reject",
+                                           reference=tuple(ref))
+    raw = interleaved(arms, rounds, lambda d: run_arm(eng, prompt, tokens, d), "section 3 arms")
+    runs = {a: {"tok_s": stat([x["tok_s"] for x in xs]),
+                "tok_s_forward_only": stat([x["tok_s_forward_only"] for x in xs]),
+                "tokens_per_forward": xs[0]["tokens"] / xs[0]["forwards"],
+                "forwards": xs[0]["forwards"], "verifies": xs[0]["verifies"], "accepted": xs[0]["accepted"],
+                "same_ids_as_plain": all(x["ids"] == ref for x in xs),
+                "speedup": stat([x["tok_s"] / p["tok_s"] for x, p in zip(xs, raw["plain"])]),
+                "raw_tok_s": [x["tok_s"] for x in xs]}
+            for a, xs in raw.items()}
+    return {"tokens": tokens, "prompt_len": len(prompt), "arms": runs, "slots": slot_costs(eng, prompt, rounds, reps)}
+
+
+def slot_costs(eng: Engine, prompt: list[int], rounds: int, reps: int) -> dict:
+    model = eng.model
+    ms = (2, 3, 4, 5, 6)
+    state = model.new_state(len(prompt) + 8)
+    model.forward(prompt, state)
+    state.ensure_slots(max(ms) - 1)
+    start, saved = state.kv_len, state.recurrent.clone()
+    rows = [(prompt[i] * 7 + 3) % eng.args.vocab_size for i in range(max(ms))]
+    fwd = {(m, s): [] for m in ms for s in (True, False)}
+    copy = []
+    slot = state.slots[0]
+
+    def one_copy():
+        t0 = time.perf_counter()
+        for i in range(len(slot.rec)):
+            slot.conv[i].copy_(state.recurrent.conv[i])
+            slot.rec[i].copy_(state.recurrent.rec[i])
+        return time.perf_counter() - t0
+
+    def one_forward(m, save):
+        restore(state, start, saved)
+        t0 = time.perf_counter()
+        model.forward(rows[:m], state, exact=True, save_slots=save)
+        return time.perf_counter() - t0
+
+    one_forward(2, True)                                   # warm-up
+    for r in range(rounds):
+        per = {key: [] for key in fwd}
+        cp = []
+        for rep in range(reps):
+            for m in ms:
+                order = (True, False) if (r + rep) % 2 == 0 else (False, True)
+                for s in order:
+                    per[(m, s)].append(one_forward(m, s))
+            cp += [one_copy() for _ in range(5)]
+        for key, xs in per.items():
+            fwd[key].append(statistics.median(xs))
+        copy.append(statistics.median(cp))
+        log(f"section 3 slots round {r + 1}/{rounds} done")
+    restore(state, start, saved)
+    out = {"slot_bytes": state.shapes.slot_bytes, "linear_layers": state.shapes.linear_layers,
+           "copy_one_slot_s": stat(copy), "raw_copy_s": copy, "by_rows": {}}
+    for m in ms:
+        on, off = fwd[(m, True)], fwd[(m, False)]
+        out["by_rows"][m] = {"save_s": stat(on), "nosave_s": stat(off),
+                             "extra_per_slot_s": stat([(a - b) / (m - 1) for a, b in zip(on, off)]),
+                             "raw_save_s": on, "raw_nosave_s": off}
+    return out
+
+
+# ----- section 4: the MTP head ----------------------------------------------------------------
+
+def head_setup(eng: Engine):
+    model, head = eng.model, eng.head("post")
+    prompt = prompt_for(eng.args.vocab_size)
+    ctx = len(prompt) + 8
+    state = model.new_state(ctx)
+    out = model.forward(prompt, state)
+    cache = head.new_cache(ctx)
+    head.absorb(cache, head.pick_hidden(out)[:-1], prompt[1:], 0)
+    return model, head, prompt, state, cache, head.pick_hidden(out)
+
+
+def section4_costs(eng: Engine, rounds: int, reps: int) -> dict:
+    model, head, prompt, state, cache, hidden = head_setup(eng)
+    start, saved = state.kv_len, state.recurrent.clone()
+    tok = prompt[-1]
+    index = len(prompt) - 1            # the pending pair (h_{n-1}, x_n)
+    pending = hidden[-1]
+    _, first_out = head.row(cache, pending, tok, index)
+    draft1 = int(torch.argmax(_))
+
+    def plain():
+        restore(state, start, saved)
+        t0 = time.perf_counter()
+        model.forward([tok], state, exact=True)
+        return time.perf_counter() - t0
+
+    def first():
+        t0 = time.perf_counter()
+        s, _o = head.row(cache, pending, tok, index)
+        int(torch.argmax(s))
+        return time.perf_counter() - t0
+
+    def deeper():
+        t0 = time.perf_counter()
+        s, _o = head.row(cache, first_out[0], draft1, index + 1)
+        int(torch.argmax(s))
+        return time.perf_counter() - t0
+
+    def absorb(k):
+        def f():
+            t0 = time.perf_counter()
+            head.absorb(cache, hidden[-k:], prompt[-k:], index)
+            return time.perf_counter() - t0
+        return f
+
+    arms = {"plain_step": plain, "head_first": first, "head_deeper": deeper}
+    arms.update({f"absorb{k}": absorb(k) for k in range(1, 6)})
+    res = micro(arms, rounds, reps, "section 4 head")
+    restore(state, start, saved)
+    return res
+
+
+def section4_vocab(eng: Engine, rounds: int, reps: int, sizes=(0, 16000, 4000)) -> dict:
+    model, head, prompt, state, cache, hidden = head_setup(eng)
+    start, saved = state.kv_len, state.recurrent.clone()
+    tok, index, pending = prompt[-1], len(prompt) - 1, hidden[-1]
+    V = eng.args.vocab_size
+    lists, gather_s = {}, {}
+    for n in sizes:
+        if n == 0:
+            lists[n] = (None, None)
+            continue
+        v = VocabList(V, n, halve_every=10**9)
+        v.count_prompt(range(n))          # n tokens counted once: the list holds exactly those n
+        v.start_request([])
+        ids = v.ids()
+        assert ids is not None and v.list_size() == n, (n, v.list_size())
+        t0 = time.perf_counter()
+        w = model.lm_head[ids].contiguous()   # what MTPDrafter gathers once per list rebuild
+        gather_s[n] = time.perf_counter() - t0
+        lists[n] = (ids, w)
+
+    def plain():
+        restore(state, start, saved)
+        t0 = time.perf_counter()
+        model.forward([tok], state, exact=True)
+        return time.perf_counter() - t0
+
+    def row(n):
+        ids, w = lists[n]
+
+        def f():
+            t0 = time.perf_counter()
+            s, _o = head.row(cache, pending, tok, index, ids, w)
+            int(torch.argmax(s))
+            return time.perf_counter() - t0
+        return f
+
+    arms = {"plain_step": plain}
+    arms.update({f"head_list{n}": row(n) for n in sizes})
+    res = micro(arms, rounds, reps, "section 4 vocab")
+    res["vocab_size"] = V
+    res["gather_s"] = gather_s
+    restore(state, start, saved)
+    return res
+
+
+def micro(arms: dict, rounds: int, reps: int, label: str) -> dict:
+    """Per round: reps passes over the arms (order rotated every pass); the round's value is
+    each arm's median; reported: median over rounds [min-max]."""
+    names = list(arms)
+    for f in arms.values():
+        f()                                              # warm-up
+    per_round = {a: [] for a in names}
+    for r in range(rounds):
+        xs = {a: [] for a in names}
+        for rep in range(reps):
+            shift = (r * reps + rep) % len(names)
+            for a in names[shift:] + names[:shift]:
+                xs[a].append(arms[a]())
+        for a in names:
+            per_round[a].append(statistics.median(xs[a]))
+        log(f"{label} round {r + 1}/{rounds} done")
+    return {"seconds": {a: stat(v) for a, v in per_round.items()},
+            "vs_plain": {a: stat([x / p for x, p in zip(v, per_round["plain_step"])]) for a, v in per_round.items()},
+            "raw_round_medians_s": per_round}
+
+
+# ----- section 5: the gate --------------------------------------------------------------------
+
+def section5(eng: Engine, rounds: int, tokens: int, ps: tuple[float, ...]) -> dict:
+    prompt = prompt_for(eng.args.vocab_size)
+    plain = DraftSettings(lookup=False, mtp="off")
+    ref = run_arm(eng, prompt, tokens, plain)["ids"]
+    out = {"tokens": tokens, "by_p": {}}
+    for p in ps:
+        force = f"bernoulli:{p:g}"
+        arms = {"plain": plain}
+        for k in range(1, 6):
+            arms[f"fixed{k}"] = DraftSettings(lookup=True, lookup_drafts=k, mtp="off", gate=False, force=force,
+                                              reference=tuple(ref))
+        arms["gate"] = DraftSettings(lookup=True, lookup_drafts=5, mtp="off", gate=True, force=force,
+                                     reference=tuple(ref))
+        raw = interleaved(arms, rounds, lambda d: run_arm(eng, prompt, tokens, d), f"section 5 {force}")
+        out["by_p"][str(p)] = summarize_arms(raw, ref)
+    return out
+
+
+def section5_mtp(eng: Engine, rounds: int, tokens: int) -> dict:
+    prompt = prompt_for(eng.args.vocab_size)
+    plain = DraftSettings(lookup=False, mtp="off")
+    ref = run_arm(eng, prompt, tokens, plain)["ids"]
+    arms = {"plain": plain,
+            "mtp1_nogate": DraftSettings(lookup=False, mtp="on", mtp_drafts=1, gate=False),
+            "mtp3_nogate": DraftSettings(lookup=False, mtp="on", mtp_drafts=3, gate=False),
+            "mtp3_gate_pstep_off": DraftSettings(lookup=False, mtp="on", mtp_drafts=3, gate=True, mtp_pstep=False),
+            "mtp3_gate_pstep_on": DraftSettings(lookup=False, mtp="on", mtp_drafts=3, gate=True, mtp_pstep=True)}
+    raw = interleaved(arms, rounds, lambda d: run_arm(eng, prompt, tokens, d), "section 5 mtp")
+    return {"tokens": tokens, "arms": summarize_arms(raw, ref)}
+
+
+def summarize_arms(raw: dict, ref: list[int]) -> dict:
+    res = {}
+    for a, xs in raw.items():
+        res[a] = {"tok_s": stat([x["tok_s"] for x in xs]),
+                  "tok_s_forward_only": stat([x["tok_s_forward_only"] for x in xs]),
+                  "vs_plain": stat([x["tok_s"] / p["tok_s"] for x, p in zip(xs, raw["plain"])]),
+                  "tokens_per_forward": stat([x["tokens"] / x["forwards"] for x in xs]),
+                  "drafts_per_verify": stat([x["drafts"] / x["verifies"] if x["verifies"] else 0.0 for x in xs]),
+                  "acceptance": stat([x["accepted"] / x["drafts"] if x["drafts"] else 0.0 for x in xs]),
+                  "same_ids_as_plain": all(x["ids"] == ref for x in xs),
+                  "runs": [{k: v for k, v in x.items() if k != "ids"} for x in xs]}
+    return res
+
+
+# ----- the report -----------------------------------------------------------------------------
+
+def markdown(doc: dict) -> str:
+    m = doc["machine"]
+    L = ["# What speculation costs and buys: forced drafts, copy slots, the MTP head, the gate", "",
+         f"Command: `{doc['command']}`  ",
+         f"Machine: {m['cpu']}, {m['cpus_online']} CPUs online, torch {m['torch']} with {m['torch_threads']} "
+         f"threads (set by the script), linear backend `{m['linear_backend']}`, Python {m['python']}.  ",
+         f"Code: {doc['git']['head']}{' + uncommitted changes in ' + ', '.join(doc['git']['dirty']) if doc['git']['dirty'] else ''}."
+         f" Date: {doc['date']}. Raw data: `bench/results/spec_costs.json`. Written by `bench/spec_costs.py`.", ""]
+    loud = [s for s in doc["sections"] if not s["quiet"] or s["load_after"][0] >= doc["quiet_load"]]
+    L += ["Load average (1 min) around each section (the script waits for < "
+          f"{doc['quiet_load']} before each, up to {doc['wait_s']} s):", "",
+          "| section | waited s | load before | load after | seconds |", "|---|---|---|---|---|"]
+    for s in doc["sections"]:
+        L.append(f"| {s['section']} | {s['waited_s']} | {s['load_before'][0]:.2f} | {s['load_after'][0]:.2f} | "
+                 f"{s['seconds']} |")
+    L.append("")
+    if loud:
+        L += [f"**Suspect sections**: {', '.join(s['section'] for s in loud)} ran with a 1-minute load at or above "
+              f"{doc['quiet_load']} on {m['cpus_online']} CPUs (the machine is shared): their absolute times are "
+              "inflated and noisy; the interleaved comparison between arms is fairer than the absolute numbers.", ""]
+    if doc.get("note"):
+        L += [doc["note"], ""]
+    L += ["Values: median over rounds [min-max]. Decode tok/s is the wall clock of `Engine.generate` minus its "
+          "prefill (so proposing, gating, picking and the MTP head's drafts are counted); the engine's own "
+          "forward-only figure is in the JSON (`tok_s_forward_only`).", ""]
+
+    if "s3" in doc:
+        s3 = doc["s3"]
+        L += ["## Issue 3: forced accept / reject on the mid-size model", "",
+              f"{doc['models']['mid-mtp']}; prompt {s3['prompt_len']} tokens, {s3['tokens']} generated tokens per run, "
+              f"{doc['rounds']} rounds. Lookup source forced (`gate=False`), drafts from the plain run's ids.", "",
+              "| arm | tokens/forward | forwards | decode tok/s | vs plain | ids = plain |", "|---|---|---|---|---|---|"]
+        for a, r in s3["arms"].items():
+            L.append(f"| {a} | {r['tokens_per_forward']:.2f} | {r['forwards']} | {fmt(r['tok_s'], 2)} | "
+                     f"{fmt(r['speedup'], 2)} | {'yes' if r['same_ids_as_plain'] else '**NO**'} |")
+        sl = s3["slots"]
+        L += ["", f"### Copy slots", "",
+              f"One slot = the recurrent state and conv ring of {sl['linear_layers']} DeltaNet layers, "
+              f"{sl['slot_bytes'] / 2**20:.2f} MiB. A verify of M rows writes M-1 slots (after every row but the last); "
+              "the undo is a pointer swap.", "",
+              f"- One slot copied on its own (`copy_` of every layer's tensors): **{fmt(sl['copy_one_slot_s'], 3, 1e3)} ms**.",
+              "", "| M rows | forward with slots ms | without ms | (with - without)/(M-1) ms per row |",
+              "|---|---|---|---|"]
+        for mm, r in sl["by_rows"].items():
+            L.append(f"| {mm} | {fmt(r['save_s'], 2, 1e3)} | {fmt(r['nosave_s'], 2, 1e3)} | "
+                     f"{fmt(r['extra_per_slot_s'], 3, 1e3)} |")
+        L.append("")
+
+    if "s4" in doc:
+        s4 = doc["s4"]
+        L += ["## Issue 4: the MTP head's costs", ""]
+        for name, r in s4["costs"].items():
+            L += [f"### {name}: {doc['models'][name]}", "",
+                  "| operation | ms | / plain step |", "|---|---|---|"]
+            for a in r["seconds"]:
+                L.append(f"| {a} | {fmt(r['seconds'][a], 3, 1e3)} | {fmt(r['vs_plain'][a], 3)} |")
+            L.append("")
+        if "vocab" in s4:
+            r = s4["vocab"]
+            L += [f"### The vocabulary list at a real model's size: {doc['models']['mid-mtp-v152k']}", "",
+                  "Head draft (first row) scoring the whole vocabulary (`mtp_vocab 0`) or a list of the given size; "
+                  "plain step of the same model for scale.", "",
+                  "| operation | ms | / plain step |", "|---|---|---|"]
+            for a in r["seconds"]:
+                L.append(f"| {a} | {fmt(r['seconds'][a], 3, 1e3)} | {fmt(r['vs_plain'][a], 3)} |")
+            L += ["", "Gathering the list's lm_head rows (once per list rebuild): " +
+                  ", ".join(f"{n}: {s * 1e3:.1f} ms" for n, s in r["gather_s"].items()) + ".", ""]
+
+    if "s5" in doc:
+        s5 = doc["s5"]
+        L += ["## Issue 5: the gate against every fixed depth (forced bernoulli:P, lookup source)", "",
+              f"{s5['tokens']} generated tokens per run, {doc['rounds']} rounds; `fixedK`: `gate=False, lookup_drafts=K`; "
+              "`gate`: `gate=True, lookup_drafts=5`.", ""]
+        verdicts = []
+        for p, arms in s5["by_p"].items():
+            L += [f"### P = {p}", "", "| arm | decode tok/s | vs plain | tokens/forward | drafts/verify | "
+                  "acceptance | ids = plain |", "|---|---|---|---|---|---|---|"]
+            for a, r in arms.items():
+                L.append(f"| {a} | {fmt(r['tok_s'])} | {fmt(r['vs_plain'])} | {fmt(r['tokens_per_forward'])} | "
+                         f"{fmt(r['drafts_per_verify'])} | {fmt(r['acceptance'])} | "
+                         f"{'yes' if r['same_ids_as_plain'] else '**NO**'} |")
+            best = max((a for a in arms if a.startswith("fixed")), key=lambda a: arms[a]["tok_s"]["median"])
+            g, b, pl = (arms[x]["tok_s"]["median"] for x in ("gate", best, "plain"))
+            verdicts.append((p, best, g / b, g / pl))
+            L.append("")
+        L += ["### Against the targets (medians)", "",
+              "| P | best fixed depth | gate / best fixed | within 5% | gate / plain | not below plain by > 2% |",
+              "|---|---|---|---|---|---|"]
+        for p, best, gb, gp in verdicts:
+            L.append(f"| {p} | {best} | {gb:.3f} | {'yes' if gb >= 0.95 else '**no**'} | {gp:.3f} | "
+                     f"{'yes' if gp >= 0.98 else '**no**'} |")
+        L.append("")
+    if "s5mtp" in doc:
+        r = doc["s5mtp"]
+        L += ["### The real (random) MTP head on the mid-size model", "",
+              f"{r['tokens']} generated tokens per run. A random head's drafts almost never stand, so this is "
+              "the P ~ 0 case with the head's real draft costs, per-step depth off and on.", "",
+              "| arm | decode tok/s | vs plain | tokens/forward | drafts/verify | acceptance | ids = plain |",
+              "|---|---|---|---|---|---|---|"]
+        for a, x in r["arms"].items():
+            L.append(f"| {a} | {fmt(x['tok_s'])} | {fmt(x['vs_plain'])} | {fmt(x['tokens_per_forward'])} | "
+                     f"{fmt(x['drafts_per_verify'])} | {fmt(x['acceptance'])} | "
+                     f"{'yes' if x['same_ids_as_plain'] else '**NO**'} |")
+        L.append("")
+    return "\n".join(L) + "\n"
+
+
+def git_info() -> dict:
+    def run(*a):
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = [ln[3:] for ln in run("status", "--porcelain", "--untracked-files=no").splitlines()
+             if ln[3:].startswith("verispec/")]
+    return {"head": run("rev-parse", "--short", "HEAD"), "dirty": dirty}
+
+
+def describe(name: str) -> str:
+    c = SPECS[name]
+    return (f"`{name}` (hidden {c.get('hidden_size', 64)}, {c.get('num_layers', 4)} layers, "
+            f"{c.get('num_experts', 4)} experts top-{c.get('top_k', 2)}, vocab {c.get('vocab_size', 1000)}, "
+            f"weight_scale {c.get('weight_scale')}, random MTP head)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=32, help="generated tokens per run, section 3")
+    ap.add_argument("--gate-tokens", type=int, default=64, help="generated tokens per run, section 5")
+    ap.add_argument("--reps", type=int, default=5, help="timed calls per arm per round (micro timings)")
+    ap.add_argument("--sections", default="3,4,5")
+    ap.add_argument("--ps", default="0.9,0.6,0.3,0")
+    ap.add_argument("--no-mtp-gate", action="store_true", help="skip the real MTP head arms of section 5")
+    ap.add_argument("--no-vocab", action="store_true", help="skip the 151936-vocabulary model (section 4)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, few tokens, output to /tmp")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quiet-load", type=float, default=1.5)
+    ap.add_argument("--wait", type=float, default=480, help="seconds to wait for a quiet machine per section")
+    ap.add_argument("--wait-total", type=float, default=900, help="seconds of waiting for all sections together")
+    ap.add_argument("--note", default="")
+    ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "verispec-bench-models"))
+    ap.add_argument("--json-out", default=None)
+    ap.add_argument("--md-out", default=None)
+    a = ap.parse_args()
+    if a.quick:
+        a.rounds, a.tokens, a.gate_tokens, a.reps, a.wait, a.wait_total = 1, 8, 12, 2, 0, 0
+    json_out = Path(a.json_out or (Path(tempfile.gettempdir()) / "spec_costs_quick.json" if a.quick
+                                   else ROOT / "bench" / "results" / "spec_costs.json"))
+    md_out = Path(a.md_out or (Path(tempfile.gettempdir()) / "spec_costs_quick.md" if a.quick
+                               else ROOT / "docs" / "benchmarks-spec.md"))
+    torch.set_num_threads(a.threads)
+    sections = set(a.sections.split(","))
+    cache = Path(a.cache)
+    names = ["mid-mtp"] + (["fixture-mtp"] if "4" in sections else []) + \
+        (["mid-mtp-v152k"] if "4" in sections and not a.no_vocab else [])
+    paths = {n: build(n, cache) for n in names}         # before any clock: making models is slow
+    doc = {"command": "python bench/spec_costs.py " + " ".join(sys.argv[1:]), "machine": machine(),
+           "git": git_info(), "date": time.strftime("%Y-%m-%d %H:%M"), "note": a.note, "rounds": a.rounds,
+           "reps": a.reps, "quiet_load": a.quiet_load, "wait_s": a.wait, "sections": [],
+           "models": {n: describe(n) for n in names}, "load_start": list(os.getloadavg())}
+    q = Quiet(a.quiet_load, a.wait, doc["sections"], a.wait_total)
+
+    def save():
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        md_out.parent.mkdir(parents=True, exist_ok=True)
+        md_out.write_text(markdown(doc))
+
+    with torch.no_grad():
+        eng = Engine(paths["mid-mtp"])
+        if "3" in sections:
+            with q.section("3 forced accept/reject + copy slots"):
+                doc["s3"] = section3(eng, a.rounds, a.tokens, a.reps)
+            save()
+        if "5" in sections:
+            with q.section("5 gate vs fixed depths (bernoulli)"):
+                doc["s5"] = section5(eng, a.rounds, a.gate_tokens, tuple(float(p) for p in a.ps.split(",")))
+            save()
+            if not a.no_mtp_gate:
+                with q.section("5 real MTP head, gate, per-step depth"):
+                    doc["s5mtp"] = section5_mtp(eng, a.rounds, a.gate_tokens)
+                save()
+        if "4" in sections:
+            doc["s4"] = {"costs": {}}
+            with q.section("4 MTP head costs, mid"):
+                doc["s4"]["costs"]["mid-mtp"] = section4_costs(eng, a.rounds, a.reps * 2)
+            del eng
+            gc.collect()
+            fx = Engine(paths["fixture-mtp"])
+            with q.section("4 MTP head costs, fixture"):
+                doc["s4"]["costs"]["fixture-mtp"] = section4_costs(fx, a.rounds, a.reps * 4)
+            del fx
+            save()
+            if not a.no_vocab:
+                big = Engine(paths["mid-mtp-v152k"])
+                with q.section("4 vocabulary list, 151936 vocab"):
+                    doc["s4"]["vocab"] = section4_vocab(big, a.rounds, a.reps * 2)
+                del big
+                gc.collect()
+        else:
+            del eng
+    doc["load_end"] = list(os.getloadavg())
+    save()
+    print(markdown(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
