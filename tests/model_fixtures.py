@@ -43,15 +43,16 @@ def fixture_dir(family: str = "qwen3_next", seed: int = 0, mtp: bool = False, by
 
 def _align_head(d: Path) -> None:
     """Make a random MTP head predictive: its fc passes the next token's normed embedding
-    through and its layer's outputs are damped (not removed: the head's attention over its
-    KV cache must still show in its logits). The head then predicts roughly what the
-    backbone's residual path does for that token, so real drafts are often accepted."""
+    through, the hidden-state half and the layer's outputs are damped (not removed: the
+    hidden state the head reads and its attention over its KV cache must still show in its
+    logits). The head then predicts roughly what the backbone's residual path does for that
+    token, so real drafts are often accepted."""
     from safetensors.torch import load_file, save_file
 
     path = d / "model.safetensors"
     t = load_file(str(path))
     h = t["mtp.fc.weight"].shape[0]
-    t["mtp.fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
+    t["mtp.fc.weight"] = torch.cat([torch.eye(h), 0.2 * t["mtp.fc.weight"][:, h:]], dim=1)
     t["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(h)
     t["mtp.norm.weight"] = t["model.norm.weight"].clone()
     for k in list(t):

@@ -186,3 +186,67 @@ def test_mtp_copy_slots_allocated_once_and_failure_safe(fail_at):
     assert alloc.calls == 3 * per_slot + (0 if fail_at is None else (fail_at % per_slot) + 1)
     assert arm.stats["slot_alloc_failures"] == (0 if fail_at is None else 1)
     assert arm.stats["verifies"] > 10
+
+
+def test_head_state_through_prefix_reuse_and_pin_restore():
+    """A served session: every head logit equals a stateless recompute over the committed
+    tokens, after prefix reuses and pin restores (the backbone hidden states the head read
+    are recorded from the engine's own forwards, so the check is of the head's cache)."""
+    from verispec.config import DraftSettings
+    from verispec.session import Session
+
+    family, kw = "qwen3_next", {"vocab_size": 32, "aligned_head": True}
+    eng = engine(family, 4, mtp=True, **kw)
+    ref = _ref_head(family, 4, **kw)
+    sess = Session(eng, DraftSettings(lookup=True, mtp="on", mtp_drafts=2, gate=False, mtp_vocab=0),
+                   context=256, pin_slots=4)
+    mtp = next(s for s in sess.decoder.sources if s.name == "mtp")
+    mtp.log_scores = True
+    # the hidden state at position p, keyed by the tokens 0..p it was computed from, so a
+    # pin restored later is checked against the rows its own turn computed
+    hidden_at = {}
+    pre, fwd = mtp.after_prefill, mtp.after_forward
+
+    def record(out, n, start):
+        tokens = sess.decoder.state.tokens
+        for j in range(n):
+            hidden_at[tuple(tokens[:start + j + 1])] = out.hidden[j].clone()
+
+    def rec_prefill(out, ids, start):
+        record(out, len(ids), start)
+        return pre(out, ids, start)
+
+    def rec_forward(out, fed, start):
+        record(out, len(fed), start)
+        return fwd(out, fed, start)
+
+    mtp.after_prefill, mtp.after_forward = rec_prefill, rec_forward
+    checked = 0
+
+    def turn(prompt, n):
+        nonlocal checked
+        first = len(mtp.logged)
+        r = sess.generate(prompt, plain_settings(n))
+        full = list(prompt) + r.ids
+        # hidden states of this turn's transcript: positions < reused came from earlier forwards
+        chains = []
+        for index, j, ids, scores in mtp.logged[first:]:
+            if j == 0:
+                chains.append([index, []])
+            chains[-1][1].append(scores)
+        for index, rows in chains:
+            h = torch.stack([hidden_at[tuple(full[:p + 1])] for p in range(index + 1)])
+            want = ref.chain(h, full[1:index + 2], len(rows))
+            for got, w in zip(rows, want):
+                assert (got.double() - w).abs().max().item() < 1e-6, (index, prompt[:4])
+                checked += 1
+        return r
+
+    p1 = REPEAT_PROMPT
+    r1 = turn(p1, 20)
+    turn(p1 + r1.ids + [3, 4], 16)                        # prefix reuse
+    turn([9, 8, 7, 6, 5, 4, 3, 2], 12)                    # another prompt: the state starts empty
+    r4 = turn(p1 + [30, 31], 12)                          # restores p1's pin
+    assert r4.stats["pin_restored"]
+    assert sess.metrics["prefix_reuses"] >= 1 and sess.metrics["pin_restores"] >= 1
+    assert checked > 40

@@ -120,27 +120,39 @@ class Decoder:
                 s.settle(keep)
 
     def _propose(self, tok: int, room: int) -> tuple[str, list[int]]:
-        """Ask every source; carry the proposal the gate values most (the longer on a tie)."""
+        """Ask every source; carry the proposal the gate values most (the longer on a tie).
+
+        A probe wins over the others, so that a source another one outbids is still
+        measured; and when the gate's refresh plain step is due, nothing is carried (every
+        source is still asked, with no room: the MTP head absorbs the pending row)."""
         history = self.state.tokens + [tok]
-        best: tuple[float, int, str, list[int]] | None = None
+        gate = self.gate
+        if gate is not None and gate.plain_due():
+            for s in self.sources:
+                s.propose(history, 0)
+            self.stats.declined += 1
+            return "", []
+        best: tuple[bool, float, int, str, list[int]] | None = None
         for s in self.sources:
             drafts = s.propose(history, room)     # every source is asked: the MTP head absorbs here
             if not drafts:
                 continue
-            if self.gate is not None and getattr(s, "gated_by_decoder", True):
-                k = self.gate.pick(s.name, len(drafts))
+            probe = False
+            if gate is not None and getattr(s, "gated_by_decoder", True):
+                k = gate.pick(s.name, len(drafts))
                 if k == 0:
                     self.stats.declined += 1
                     continue
                 drafts = drafts[:k]
+                probe = gate.probing(s.name)
             # expected tokens per unit of time, from the gate's estimates (also with the gate off)
-            value = self.gate.value(s.name, len(drafts)) if self.gate is not None else float(len(drafts))
-            cand = (value, len(drafts), s.name, drafts)
-            if best is None or cand[:2] > best[:2]:
+            value = gate.value(s.name, len(drafts)) if gate is not None else float(len(drafts))
+            cand = (probe, value, len(drafts), s.name, drafts)
+            if best is None or cand[:3] > best[:3]:
                 best = cand
         if best is None:
             return "", []
-        name, drafts = best[2], best[3]
+        name, drafts = best[3], best[4]
         spoil = getattr(next(s for s in self.sources if s.name == name), "spoil", None)
         return name, (spoil(drafts) if spoil else drafts)
 

@@ -99,6 +99,7 @@ class _Source:
     trimmed: int = 0                     # drafts pick_p removed
     since_probe: int = 0                 # the probe clock: picks since the last probe slot
     probe_pending: bool = False          # the last pick lifted a plain step to one draft
+    last_probe: bool = False             # the last pick was a probe (any depth)
     probe_stood: bool = False            # ... and that probe's draft stood
     probe_acc: _Avg = field(default_factory=_Avg)   # recent probes' first drafts, memory 4
 
@@ -208,6 +209,12 @@ class Gate:
 
     # --- decisions --------------------------------------------------------------------
 
+    def probing(self, source: str) -> bool:
+        """The last pick of `source` went one draft deeper than its value alone would:
+        a probe, which the decoder carries even when another source is valued higher
+        (else a source that another one outbids never gets measured)."""
+        return self._source(source).last_probe
+
     def plain_due(self) -> bool:
         """True when the next verify must be a plain step (refresh after 64 multi-row forwards)."""
         return self.config.enabled and self._since_plain >= self.config.refresh
@@ -233,11 +240,13 @@ class Gate:
             src.probe_stood = False         # drafting on its own again
         interval = self._probe_interval(src, best, max_k)
         src.probe_pending = False
+        src.last_probe = False
         src.since_probe += 1
         if src.since_probe >= interval:
             src.since_probe = 0
             if best < max_k:
                 src.probe_pending = best == 0
+                src.last_probe = True
                 best += 1
                 src.probes += 1
         if best == 0:

@@ -84,8 +84,6 @@ class MTPDrafter:
         k = min(max_k, self.depth or 3)
         if k > 0 and self.depth == 0 and self.gate is not None:
             k = self.gate.pick(self.name, k)
-        if self.pstep and self.gate.plain_due():
-            k = 0                          # the refresh plain step keeps T(1) measured
         if k == 0 or self.pending is None:
             if self.pending is not None:
                 self.head.absorb(self.cache, self.pending[None], [tok], index)
