@@ -48,7 +48,7 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lookup-drafts", type=int, default=5, help="lookup drafts per verify, 1..5 (default 5)")
     p.add_argument("--mtp", choices=["on", "off", "auto"], default="auto",
                    help="the checkpoint's MTP head (default: when present)")
-    p.add_argument("--mtp-drafts", type=_mtp_drafts, default=1, help="1|2|3|auto (0 = auto)")
+    p.add_argument("--mtp-drafts", type=_mtp_drafts, default=2, help="1|2|3|auto (0 = auto; default 2, see docs/benchmarks.md)")
     p.add_argument("--mtp-pstep", type=_onoff, default=None, help="per-step depth from the head's probabilities")
     p.add_argument("--mtp-vocab", type=int, default=16000, help="tokens the head scores per draft (0 = all)")
     p.add_argument("--vocab-usage", default=None, help="the MTP vocabulary counts file")

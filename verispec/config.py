@@ -17,7 +17,7 @@ class DraftSettings:
     lookup: bool = True
     lookup_drafts: int = 5
     mtp: str = "auto"            # auto: use the head when the checkpoint has one; on; off
-    mtp_drafts: int = 1          # 0 = auto (the gate picks 0..3)
+    mtp_drafts: int = 2          # 0 = auto (the gate picks 0..3); 2: docs/benchmarks.md Table A
     mtp_pstep: bool | None = None
     mtp_wiring: str = "post"     # the backbone hidden state the head reads: after ("post") or before its final norm
     mtp_vocab: int = 16000       # tokens the head scores per draft; 0 = the whole vocabulary
