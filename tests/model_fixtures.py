@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import tempfile
 from pathlib import Path
 
@@ -35,6 +36,8 @@ def fixture_dir(family: str = "qwen3_next", seed: int = 0, mtp: bool = False, by
     kw.setdefault("lm_head_scale", LM_HEAD_SCALE)
     name = f"{family}-s{seed}-m{int(mtp)}-b{int(byte_tokenizer)}-a{int(aligned_head)}-" + "-".join(
         f"{k}{v}" for k, v in sorted(kw.items()))
+    if len(name) > 120:   # file names are limited to 255 bytes
+        name = name[:60] + "-" + hashlib.sha1(name.encode()).hexdigest()[:16]
     d = make_fixture(_ROOT / name, family=family, seed=seed, mtp=mtp, byte_tokenizer=byte_tokenizer, **kw)
     if aligned_head:
         _align_head(d)
