@@ -27,8 +27,10 @@ and plain, --gate-tokens tokens per run. With the forced source the decoder's ga
 pick the depth (ForcedSource has no `gated_by_decoder = False`, so `Decoder._propose` calls
 `gate.pick` and cuts the drafts before `spoil`). Then the real (random) MTP head on the
 mid-size model: plain, fixed depth 1 and 3 without the gate, depth 3 with the gate and
-per-step depth off / on (a random head's drafts almost never stand: the P ~ 0 case with
-real draft costs).
+per-step depth off / on, and depth auto with the gate (a random head's drafts almost never
+stand: the P ~ 0 case with real draft costs). In the MTP drafter the gate picks the depth
+only with `mtp_drafts=0` (auto); at a fixed depth it never declines, and per-step depth
+(fixed depth >= 2 only) trims to no fewer than one draft.
 
 Discipline: before each section the script waits (poll every 30 s, up to --wait s) for the
 1-minute load average to fall under --quiet-load, and records the load before and after.
@@ -398,6 +400,9 @@ def section5_mtp(eng: Engine, rounds: int, tokens: int) -> dict:
     arms = {"plain": plain,
             "mtp1_nogate": DraftSettings(lookup=False, mtp="on", mtp_drafts=1, gate=False),
             "mtp3_nogate": DraftSettings(lookup=False, mtp="on", mtp_drafts=3, gate=False),
+            # depth auto: the gate picks 0..3 (the only MTP setting in which it can decline)
+            "mtp_auto_gate": DraftSettings(lookup=False, mtp="on", mtp_drafts=0, gate=True),
+            # a fixed depth with the gate: it never declines; per-step depth trims to >= 1 draft
             "mtp3_gate_pstep_off": DraftSettings(lookup=False, mtp="on", mtp_drafts=3, gate=True, mtp_pstep=False),
             "mtp3_gate_pstep_on": DraftSettings(lookup=False, mtp="on", mtp_drafts=3, gate=True, mtp_pstep=True)}
     raw = interleaved(arms, rounds, lambda d: run_arm(eng, prompt, tokens, d), "section 5 mtp")
@@ -423,7 +428,8 @@ def summarize_arms(raw: dict, ref: list[int]) -> dict:
 def markdown(doc: dict) -> str:
     m = doc["machine"]
     L = ["# What speculation costs and buys: forced drafts, copy slots, the MTP head, the gate", "",
-         f"Command: `{doc['command']}`  ",
+         "Command: " + ", then ".join(f"`{c}`" for c in (doc["command"] if isinstance(doc["command"], list)
+                                                          else [doc["command"]])) + "  ",
          f"Machine: {m['cpu']}, {m['cpus_online']} CPUs online, torch {m['torch']} with {m['torch_threads']} "
          f"threads (set by the script), linear backend `{m['linear_backend']}`, Python {m['python']}.  ",
          f"Code: {doc['git']['head']}{' + uncommitted changes in ' + ', '.join(doc['git']['dirty']) if doc['git']['dirty'] else ''}."
@@ -516,7 +522,9 @@ def markdown(doc: dict) -> str:
         r = doc["s5mtp"]
         L += ["### The real (random) MTP head on the mid-size model", "",
               f"{r['tokens']} generated tokens per run. A random head's drafts almost never stand, so this is "
-              "the P ~ 0 case with the head's real draft costs, per-step depth off and on.", "",
+              "the P ~ 0 case with the head's real draft costs. `mtp_auto_gate`: `mtp_drafts=0`, the gate picks 0..3; "
+              "`mtp3_gate_pstep_*`: depth 3 with the gate, per-step depth off/on (at a fixed depth the drafter never "
+              "asks the gate whether to draft at all; per-step depth keeps at least one draft).", "",
               "| arm | decode tok/s | vs plain | tokens/forward | drafts/verify | acceptance | ids = plain |",
               "|---|---|---|---|---|---|---|"]
         for a, x in r["arms"].items():
@@ -557,6 +565,8 @@ def main() -> int:
     ap.add_argument("--quiet-load", type=float, default=1.5)
     ap.add_argument("--wait", type=float, default=480, help="seconds to wait for a quiet machine per section")
     ap.add_argument("--wait-total", type=float, default=900, help="seconds of waiting for all sections together")
+    ap.add_argument("--update", action="store_true",
+                    help="keep the sections of the existing --json-out that this run does not measure")
     ap.add_argument("--note", default="")
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "verispec-bench-models"))
     ap.add_argument("--json-out", default=None)
@@ -574,10 +584,23 @@ def main() -> int:
     names = ["mid-mtp"] + (["fixture-mtp"] if "4" in sections else []) + \
         (["mid-mtp-v152k"] if "4" in sections and not a.no_vocab else [])
     paths = {n: build(n, cache) for n in names}         # before any clock: making models is slow
-    doc = {"command": "python bench/spec_costs.py " + " ".join(sys.argv[1:]), "machine": machine(),
+    command = "python bench/spec_costs.py " + " ".join(sys.argv[1:])
+    doc = {"command": command, "machine": machine(),
            "git": git_info(), "date": time.strftime("%Y-%m-%d %H:%M"), "note": a.note, "rounds": a.rounds,
            "reps": a.reps, "quiet_load": a.quiet_load, "wait_s": a.wait, "sections": [],
            "models": {n: describe(n) for n in names}, "load_start": list(os.getloadavg())}
+    if a.update and json_out.exists():
+        # keep the sections of an earlier run that this one does not measure again
+        old = json.loads(json_out.read_text())
+        old_cmds = old["command"] if isinstance(old["command"], list) else [old["command"]]
+        for key in ("s3", "s4", "s5", "s5mtp"):
+            if key in old and key not in doc:
+                doc[key] = old[key]
+        doc["sections"] = old["sections"]          # this run's sections are appended
+        doc["models"] = {**old["models"], **doc["models"]}
+        doc["command"] = old_cmds + [command]
+        doc["load_start"] = old["load_start"]
+        doc["date"] = old["date"] + " and " + doc["date"]
     q = Quiet(a.quiet_load, a.wait, doc["sections"], a.wait_total)
 
     def save():
