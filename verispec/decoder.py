@@ -29,7 +29,9 @@ from .stats import DecodeStats
 class Source(Protocol):
     name: str
 
-    def propose(self, history: list[int], max_k: int) -> list[int]: ...
+    def propose(self, tokens: list[int], tok: int, max_k: int) -> list[int]:
+        """Drafts after `tok`, the token just picked; `tokens` are the fed ones (not copied:
+        the history is tokens + [tok])."""
 
 
 @dataclass
@@ -125,16 +127,16 @@ class Decoder:
         A probe wins over the others, so that a source another one outbids is still
         measured; and when the gate's refresh plain step is due, nothing is carried (every
         source is still asked, with no room: the MTP head absorbs the pending row)."""
-        history = self.state.tokens + [tok]
+        tokens = self.state.tokens
         gate = self.gate
         if gate is not None and gate.plain_due():
             for s in self.sources:
-                s.propose(history, 0)
+                s.propose(tokens, tok, 0)
             self.stats.declined += 1
             return "", []
         best: tuple[bool, float, int, str, list[int]] | None = None
         for s in self.sources:
-            drafts = s.propose(history, room)     # every source is asked: the MTP head absorbs here
+            drafts = s.propose(tokens, tok, room)     # every source is asked: the MTP head absorbs here
             if not drafts:
                 continue
             probe = False

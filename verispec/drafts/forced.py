@@ -50,11 +50,11 @@ class ForcedSource:
         self.verifies = 0
         self.rng = random.Random(seed)
 
-    def propose(self, history: list[int], max_k: int) -> list[int]:
-        """history: every token fed so far plus the token just picked."""
-        n = len(history)
+    def propose(self, tokens: list[int], tok: int, max_k: int) -> list[int]:
+        """tokens: every token fed so far; tok: the token just picked."""
+        n = len(tokens) + 1
         max_k = min(max_k, self.max_drafts)
-        if max_k <= 0 or n > len(self.full) or history[-1] != self.full[n - 1]:
+        if max_k <= 0 or n > len(self.full) or tok != self.full[n - 1]:
             return []   # off the reference: nothing to force
         return list(self.full[n:n + max_k])
 

@@ -29,13 +29,13 @@ class LookupSource:
             self.index.extend(new)
             self.history.extend(new)
 
-    def propose(self, history: list[int], max_k: int) -> list[int]:
+    def propose(self, tokens: list[int], tok: int, max_k: int) -> list[int]:
         if max_k <= 0:
             return []
-        # Between two proposals the history only grows (the previous pick always stands),
-        # so only its new tail is added; prefill and undo call sync.
-        if len(self.history) > len(history):
-            self.sync(history)
+        # Between two proposals the history (tokens + [tok]) only grows: the previous pick
+        # always stands, so only its new tail is added; prefill and undo call sync.
+        if len(self.history) > len(tokens):
+            self.sync(tokens + [tok])
         else:
-            self._extend(history[len(self.history):])
+            self._extend(tokens[len(self.history):] + [tok])
         return self.index.propose(min(max_k, self.max_drafts))

@@ -78,9 +78,8 @@ class MTPDrafter:
             self._vocab_w = self.head.model.lm_head[ids].contiguous()
         return ids, self._vocab_w
 
-    def propose(self, history: list[int], max_k: int) -> list[int]:
-        tok = history[-1]
-        index = len(history) - 2          # the pending pair (h_{n-1}, x_n), n = fed tokens
+    def propose(self, tokens: list[int], tok: int, max_k: int) -> list[int]:
+        index = len(tokens) - 1           # the pending pair (h_{n-1}, x_n), n = fed tokens
         k = min(max_k, self.depth or 3)
         if k > 0 and self.depth == 0 and self.gate is not None:
             k = self.gate.pick(self.name, k)
