@@ -309,3 +309,13 @@ def test_installed_console_script(tmp_path, ids_fx):
     res = json.loads(r.stdout)
     assert res["ids"] == engine("qwen3_next").generate([1, 2, 3], RunSettings(max_tokens=3)).ids
     assert "[verispec]" in r.stderr
+
+
+def test_context_is_capped_at_the_model_positions(tmp_path):
+    from verispec.config import RunSettings
+    from verispec.engine import Engine
+    from model_fixtures import fixture_dir
+
+    eng = Engine(fixture_dir("qwen3_next", 0))
+    limit = eng.args.max_position_embeddings
+    assert eng.context_for(10, RunSettings(max_tokens=5, context=limit * 4)) == limit

@@ -58,8 +58,3 @@ class RunSettings:
 def default_model_dir() -> Path:
     env = os.environ.get("VERISPEC_MODEL")
     return Path(env) if env else BUNDLED_MODEL
-
-
-def threads_from_env() -> int | None:
-    v = os.environ.get("VERISPEC_THREADS")
-    return int(v) if v else None

@@ -66,11 +66,12 @@ class Engine:
     def context_for(self, prompt_len: int, settings: RunSettings) -> int:
         need = prompt_len + settings.max_tokens
         limit = self.args.max_position_embeddings
-        ctx = settings.context or min(need + VERIFY_ROWS, limit)
-        if need > min(ctx, limit):
+        # never allocate past the positions the model was trained for
+        ctx = min(settings.context or need + VERIFY_ROWS, limit)
+        if need > ctx:
             raise UsageError(
                 f"prompt ({prompt_len} tokens) plus --max-tokens {settings.max_tokens} exceeds the context "
-                f"({min(ctx, limit)} tokens)")
+                f"({ctx} tokens)")
         return ctx
 
     def head(self, wiring: str = "post") -> MTPHead:
