@@ -223,7 +223,7 @@ class RouterAux:
 
 
 # ------------------------------------------------------------------------------ training
-def build(tiny: bool, device, experts_impl: str | None):
+def build(tiny: bool, device, experts_impl: str | None, final_norm_spread: float = 0.0):
     from transformers import Qwen3NextForCausalLM
 
     torch.manual_seed(SEED)
@@ -232,6 +232,13 @@ def build(tiny: bool, device, experts_impl: str | None):
         config._experts_implementation = experts_impl
     model = Qwen3NextForCausalLM(config)
     mtp = MTPHead(model.config)
+    if final_norm_spread:
+        # A final norm with per-channel scales (as real checkpoints have) is what makes the head's
+        # wiring matter: read before the norm, the head misses those scales (issue 7's margin test).
+        g = torch.Generator().manual_seed(SEED + 1)
+        scale = torch.exp(final_norm_spread * torch.randn(config.hidden_size, generator=g))
+        with torch.no_grad():
+            model.model.norm.weight.copy_(scale - 1.0)     # zero-centred RMSNorm: (1 + w)
     patch_gated_delta_rule(model)
     return model.to(device), mtp.to(device)
 
@@ -333,7 +340,7 @@ def run(args, variant, device, train_ids, val_ids, held_ids, out: Path) -> None:
         if cuda:
             torch.cuda.synchronize()
 
-    model, mtp = build(args.tiny, device, None if variant == "default" else variant)
+    model, mtp = build(args.tiny, device, None if variant == "default" else variant, args.final_norm_spread)
     moe = [f"{k} {tuple(v.shape)}" for k, v in model.state_dict().items() if k.startswith("model.layers.0.mlp.")]
     print("layer-0 mlp tensors:", "; ".join(moe), flush=True)
     n_model = sum(p.numel() for p in model.parameters())
@@ -542,6 +549,8 @@ def main() -> None:
     t.add_argument("--aux", type=float, default=0.01, help="weight of the router balance loss")
     t.add_argument("--eval-every", type=float, default=60.0, help="seconds between validation evals")
     t.add_argument("--log-every", type=int, default=10)
+    t.add_argument("--final-norm-spread", type=float, default=0.6,
+                   help="sigma of the log-normal per-channel init of the final norm's scales (0: all 1)")
     p = sub.add_parser("pack")
     p.add_argument("--raw", required=True)
     p.add_argument("--dest", default=str(Path(__file__).resolve().parent.parent / "verispec/data/default_model"))
