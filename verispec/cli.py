@@ -139,8 +139,6 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .report import report_lines
     from .sampling import SamplingParams
 
-    if a.device == "cuda":
-        raise UsageError("--device cuda: the CUDA path is not built yet; use --device cpu")
     if a.threads is not None and a.threads < 1:
         raise UsageError(f"--threads must be >= 1, got {a.threads}")
     if a.mtp_vocab < 0:
@@ -161,7 +159,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                            reference=reference)
     settings = RunSettings(max_tokens=a.max_tokens, sampling=sampling, drafts=drafts,
                            prefill_batch=a.prefill_batch, context=a.context)
-    eng = load_engine(_model_dir(a.model), read_mtp=a.mtp != "off", usage_file=a.vocab_usage)
+    eng = load_engine(_model_dir(a.model), read_mtp=a.mtp != "off", usage_file=a.vocab_usage, device=a.device)
     if a.prompt_ids is not None:
         prompt = a.prompt_ids
     else:

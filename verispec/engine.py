@@ -16,11 +16,12 @@ from .drafts.lookup_source import LookupSource
 from .drafts.mtp import MTPDrafter
 from .drafts.vocab import VocabList, usage_path
 from .errors import UsageError, VerispecError
+from .execution import Execution
 from .models import Model, ModelArgs
 from .models.mtp import MTPHead
 from .sampling import pick
 from .tokenizer import Tokenizer
-from .weights import load_checkpoint
+from .weights import Checkpoint, load_checkpoint
 
 VERIFY_ROWS = 8
 
@@ -35,17 +36,31 @@ class GenerateResult:
 
 
 class Engine:
-    def __init__(self, model_dir: str | Path, *, read_mtp: bool = True, usage_file: str | None = None):
-        self.path = Path(model_dir)
+    def __init__(self, model_dir: str | Path, *, read_mtp: bool = True, usage_file: str | None = None,
+                 device: "str | Execution" = "cpu"):
+        execution = device if isinstance(device, Execution) else Execution.for_device(device)
+        ck = load_checkpoint(Path(model_dir), read_mtp=read_mtp, dtype=execution.dtype)
+        self._setup(ck, execution, usage_file, Tokenizer.from_dir(Path(model_dir)))
+
+    @classmethod
+    def from_checkpoint(cls, ck: Checkpoint, execution: Execution, *, usage_file: str | None = None,
+                        tokenizer: Tokenizer | None = None) -> "Engine":
+        """An engine over tensors already in memory (random-weight benchmarks, tests)."""
+        eng = cls.__new__(cls)
+        eng._setup(ck, execution, usage_file, tokenizer)
+        return eng
+
+    def _setup(self, ck: Checkpoint, execution: Execution, usage_file: str | None, tokenizer) -> None:
+        self.path = Path(ck.path)
         self.usage_file_override = usage_file
-        ck = load_checkpoint(self.path, read_mtp=read_mtp)
+        self.execution = execution
         self.args = ModelArgs.from_dict(ck.config)
-        self.model = Model(self.args, ck.tensors)
+        self.model = Model(self.args, ck.tensors, self.execution)
         self.has_mtp = ck.has_mtp
         self._mtp_tensors = ck.mtp
         self._heads: dict[str, MTPHead] = {}
         self.vocab_lists: dict[int, VocabList] = {}
-        self.tokenizer = Tokenizer.from_dir(self.path)
+        self.tokenizer = tokenizer
         self.eos_ids = set(self.tokenizer.eos_ids) if self.tokenizer else set(self.args.eos_token_id)
 
     # ----- helpers -----
@@ -191,9 +206,10 @@ def _speeds(stats: dict, n_generated: int) -> dict:
     }
 
 
-def load_engine(model_dir: str | Path, *, read_mtp: bool = True, usage_file: str | None = None) -> Engine:
+def load_engine(model_dir: str | Path, *, read_mtp: bool = True, usage_file: str | None = None,
+                device: str = "cpu") -> Engine:
     try:
-        return Engine(model_dir, read_mtp=read_mtp, usage_file=usage_file)
+        return Engine(model_dir, read_mtp=read_mtp, usage_file=usage_file, device=device)
     except VerispecError:
         raise
     except KeyError as e:

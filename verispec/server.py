@@ -593,8 +593,6 @@ def build_server(a):
         raise UsageError(f"--pin-slots must be >= 0, got {a.pin_slots}")
     if a.mtp_vocab < 0:
         raise UsageError(f"--mtp-vocab must be >= 0 (0 = whole vocabulary), got {a.mtp_vocab}")
-    if a.device == "cuda":
-        raise UsageError("--device cuda: the CUDA path is not built yet; use --device cpu")
     if a.threads is not None:
         if a.threads < 1:
             raise UsageError(f"--threads must be >= 1, got {a.threads}")
@@ -603,7 +601,7 @@ def build_server(a):
     drafts = DraftSettings(lookup=a.lookup, lookup_drafts=a.lookup_drafts, mtp=a.mtp, mtp_drafts=a.mtp_drafts,
                            mtp_pstep=a.mtp_pstep, mtp_vocab=a.mtp_vocab, gate=a.gate)
     model_dir = _model_dir(a.model)
-    eng = load_engine(model_dir, read_mtp=a.mtp != "off", usage_file=a.vocab_usage)
+    eng = load_engine(model_dir, read_mtp=a.mtp != "off", usage_file=a.vocab_usage, device=a.device)
     if a.mtp == "on" and not eng.has_mtp:
         raise UsageError(f"--mtp on: {eng.path} has no MTP head (mtp.* tensors)")
     context = a.context or min(eng.args.max_position_embeddings, 4096)

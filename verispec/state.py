@@ -29,6 +29,7 @@ class StateShapes:
     key_dim: int
     value_dim: int
     dtype: torch.dtype = torch.float32
+    device: str = "cpu"
 
     @property
     def kv_bytes(self) -> int:
@@ -58,9 +59,10 @@ class RecurrentState:
     @staticmethod
     def allocate(s: StateShapes, alloc: Callable = torch.zeros) -> "RecurrentState":
         conv, rec = [], []
+        on = {} if s.device == "cpu" else {"device": s.device}   # injected test allocators take (shape, dtype)
         for _ in range(s.linear_layers):
-            conv.append(alloc((s.conv_dim, s.conv_keep), dtype=s.dtype))
-            rec.append(alloc((s.value_heads, s.key_dim, s.value_dim), dtype=torch.float32))
+            conv.append(alloc((s.conv_dim, s.conv_keep), dtype=s.dtype, **on))
+            rec.append(alloc((s.value_heads, s.key_dim, s.value_dim), dtype=torch.float32, **on))
         return RecurrentState(conv, rec)
 
     def copy_layer_from(self, other: "RecurrentState", layer: int) -> None:
@@ -89,8 +91,8 @@ class State:
 
     @staticmethod
     def allocate(s: StateShapes) -> "State":
-        k = [torch.zeros(s.kv_heads, s.max_len, s.head_dim, dtype=s.dtype) for _ in range(s.attn_layers)]
-        v = [torch.zeros(s.kv_heads, s.max_len, s.head_dim, dtype=s.dtype) for _ in range(s.attn_layers)]
+        k = [torch.zeros(s.kv_heads, s.max_len, s.head_dim, dtype=s.dtype, device=s.device) for _ in range(s.attn_layers)]
+        v = [torch.zeros(s.kv_heads, s.max_len, s.head_dim, dtype=s.dtype, device=s.device) for _ in range(s.attn_layers)]
         return State(s, k, v, RecurrentState.allocate(s))
 
     @property

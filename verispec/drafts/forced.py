@@ -20,6 +20,7 @@ class ForceMode:
     kind: str               # one of MODES
     row: int = 0            # for rowN: the 1-based wrong draft
     p: float = 1.0          # for bernoulli:P
+    ps: tuple = ()          # for bernoulli:P1,P2,..: draft j stands with probability P_j (the last repeats)
 
     @staticmethod
     def parse(text: str) -> "ForceMode":
@@ -30,12 +31,13 @@ class ForceMode:
             return ForceMode("row", row=int(t[3:]))
         if t.startswith("bernoulli:"):
             try:
-                p = float(t.split(":", 1)[1])
+                ps = tuple(float(x) for x in t.split(":", 1)[1].split(","))
             except ValueError:
-                p = -1.0
-            if 0.0 <= p <= 1.0:
-                return ForceMode("bernoulli", p=p)
-        raise UsageError(f"--force {text!r}: expected accept, reject, mixed, cycle, rowN (N >= 1) or bernoulli:P (0 <= P <= 1)")
+                ps = (-1.0,)
+            if all(0.0 <= p <= 1.0 for p in ps):
+                return ForceMode("bernoulli", p=ps[0], ps=ps if len(ps) > 1 else ())
+        raise UsageError(f"--force {text!r}: expected accept, reject, mixed, cycle, rowN (N >= 1), bernoulli:P "
+                         "or bernoulli:P1,P2,... (each 0 <= P <= 1; draft j stands with P_j, the last repeating)")
 
 
 class ForcedSource:
@@ -75,5 +77,6 @@ class ForcedSource:
         elif m.kind == "cycle":
             wrong = {v % (k + 1) + 1}
         else:
-            wrong = {j + 1 for j in range(k) if self.rng.random() >= m.p}
+            ps = m.ps or (m.p,)
+            wrong = {j + 1 for j in range(k) if self.rng.random() >= ps[min(j, len(ps) - 1)]}
         return [(d + 1) % self.vocab if (j + 1) in wrong else d for j, d in enumerate(drafts)]

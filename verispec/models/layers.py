@@ -1,10 +1,18 @@
 """Shared blocks of the Qwen3-Next family: norms, partial RoPE tables, SwiGLU.
 
-Reductions here run along the last dimension of one row. Transcendental elementwise ops
-(silu, sigmoid, softplus, exp) are NOT row-invariant in torch on this CPU: the vectorized
-main loop and the scalar tail round differently, so where an element lands depends on the
-tensor's size (measured: sigmoid differs at 4 rows, softplus at 8). `rowwise` runs them one
-row at a time on the decode/verify path, so each row gets exactly a 1-row call's bits.
+How the decode/verify path keeps every row's bits independent of the row count is a
+`Rows` policy, picked per device:
+
+* `ROWWISE` (the CPU): transcendental elementwise ops (silu, sigmoid, softplus, exp) are NOT
+  row-invariant in torch on this CPU -- the vectorized main loop and the scalar tail round
+  differently, so where an element lands depends on the tensor's size (measured: sigmoid
+  differs at 4 rows, softplus at 8) -- so they run one row at a time; reductions along one
+  row are invariant there and run batched.
+* `Padded(n)` (CUDA): a kernel's launch shape picks its algorithm (a reduction over 2048
+  values splits across threads by how many rows share the launch), so every batched op of
+  the decode/verify path runs on exactly n rows, zero rows appended and sliced off again:
+  row i then goes through the very instructions it would go through in any other call.
+* `BATCH`: prefill; no promise.
 """
 
 from __future__ import annotations
@@ -13,35 +21,100 @@ import torch
 import torch.nn.functional as F
 
 
-def rowwise(fn, *xs: torch.Tensor, exact: bool = True) -> torch.Tensor:
-    """fn(*xs) computed row by row (dim 0) when exact, so no row depends on the row count."""
-    rows = xs[0].shape[0]
-    if not exact or rows == 1:
+class Rows:
+    """A row policy: `elementwise` wraps transcendental elementwise ops, `reduce` wraps
+    reductions along the last dimension (norms, the router's softmax/top-k)."""
+
+    kind = "batch"
+
+    def elementwise(self, fn, *xs):
         return fn(*xs)
-    return torch.cat([fn(*(x[i:i + 1] for x in xs)) for i in range(rows)])
+
+    def reduce(self, fn, *xs):
+        return fn(*xs)
+
+    def __repr__(self) -> str:
+        return self.kind
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Zero-centred RMSNorm: x / rms(x) * (1 + w), in fp32 (Qwen3NextRMSNorm)."""
+class _RowWise(Rows):
+    kind = "rowwise"
+
+    def elementwise(self, fn, *xs):
+        rows = xs[0].shape[0]
+        if rows == 1:
+            return fn(*xs)
+        return torch.cat([fn(*(x[i:i + 1] for x in xs)) for i in range(rows)])
+
+
+class Padded(Rows):
+    def __init__(self, n: int):
+        self.n = n
+        self.kind = f"padded({n})"
+
+    def elementwise(self, fn, *xs):
+        return self.reduce(fn, *xs)
+
+    def reduce(self, fn, *xs):
+        rows = xs[0].shape[0]
+        if rows > self.n:
+            raise ValueError(f"{rows} rows on a path padded to {self.n}")
+        if rows < self.n:
+            xs = tuple(torch.cat([x, x.new_zeros((self.n - rows,) + tuple(x.shape[1:]))]) for x in xs)
+        out = fn(*xs)
+        if isinstance(out, tuple):
+            return tuple(o[:rows] for o in out)
+        return out[:rows]
+
+
+BATCH = Rows()
+ROWWISE = _RowWise()
+
+
+def policy(exact) -> Rows:
+    """Callers pass a Rows policy, or the older bool (True: ROWWISE, False: BATCH)."""
+    if isinstance(exact, Rows):
+        return exact
+    return ROWWISE if exact else BATCH
+
+
+def rowwise(fn, *xs: torch.Tensor, exact=True) -> torch.Tensor:
+    """fn(*xs) under the row policy `exact` (True: one row at a time)."""
+    return policy(exact).elementwise(fn, *xs)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (y * (1.0 + weight.float())).to(x.dtype)
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
-                   exact: bool = True) -> torch.Tensor:
-    """DeltaNet output norm: plain-weight RMSNorm, then times silu(gate)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows=False) -> torch.Tensor:
+    """Zero-centred RMSNorm: x / rms(x) * (1 + w), in fp32 (Qwen3NextRMSNorm)."""
+    return policy(rows).reduce(lambda t: _rms_norm(t, weight, eps), x)
+
+
+def _gated_rms_norm(x, gate, weight, eps, rp: Rows):
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     y = weight * y.to(x.dtype)
-    return (y * rowwise(F.silu, gate.float(), exact=exact)).to(x.dtype)
+    return (y * rp.elementwise(F.silu, gate.float())).to(x.dtype)
 
 
-def l2_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+                   exact=True) -> torch.Tensor:
+    """DeltaNet output norm: plain-weight RMSNorm, then times silu(gate)."""
+    rp = policy(exact)
+    if isinstance(rp, Padded):
+        return rp.reduce(lambda a, b: _gated_rms_norm(a, b, weight, eps, BATCH), x, gate)
+    return _gated_rms_norm(x, gate, weight, eps, rp)
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor, exact: bool = True) -> torch.Tensor:
+def l2_norm(x: torch.Tensor, eps: float = 1e-6, rows=False) -> torch.Tensor:
+    return policy(rows).reduce(lambda t: t * torch.rsqrt((t * t).sum(dim=-1, keepdim=True) + eps), x)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, exact=True) -> torch.Tensor:
     return rowwise(F.silu, gate, exact=exact) * up
 
 
@@ -52,7 +125,8 @@ class RopeTable:
     position, so a verify row and a decode step at the same position get equal bits.
     """
 
-    def __init__(self, head_dim: int, partial: float, theta: float):
+    def __init__(self, head_dim: int, partial: float, theta: float, device=None):
+        self.device = torch.device(device or "cpu")
         self.rot = int(head_dim * partial)
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.rot, 2, dtype=torch.float) / self.rot))
         self.cos = torch.empty(0, self.rot)
@@ -63,7 +137,7 @@ class RopeTable:
         pos = torch.arange(n, dtype=torch.float)
         freqs = pos[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos, self.sin = emb.cos(), emb.sin()
+        self.cos, self.sin = emb.cos().to(self.device), emb.sin().to(self.device)
 
     def get(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         if start + n > self.cos.shape[0]:
@@ -74,6 +148,7 @@ class RopeTable:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [rows, heads, head_dim]; cos/sin [rows, rot]. Rotates the first `rot` dims (rotate_half)."""
     rot = cos.shape[-1]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)    # as transformers: rotate in the activations' dtype
     xr, xp = x[..., :rot], x[..., rot:]
     half = rot // 2
     rotated = torch.cat((-xr[..., half:], xr[..., :half]), dim=-1)

@@ -56,6 +56,9 @@ class MTPHead:
             raise ValueError(f"wiring must be one of {WIRINGS}")
         a = model.args
         h = a.hidden_size
+        ex = model.exec
+        if ex.is_cuda or ex.dtype != torch.float32:
+            tensors = {k: v.to(device=ex.torch_device, dtype=ex.dtype) for k, v in tensors.items()}
         w = _Weights(tensors)
         p = "mtp.layers.0"
         fc = w.pop("mtp.fc.weight", (h, 2 * h))
@@ -81,7 +84,8 @@ class MTPHead:
     def new_cache(self, max_len: int) -> HeadCache:
         a = self.model.args
         shape = (a.num_key_value_heads, max_len, a.head_dim)
-        return HeadCache([torch.zeros(shape)], [torch.zeros(shape)])
+        on = {"dtype": self.fc.dtype, "device": self.fc.device}
+        return HeadCache([torch.zeros(shape, **on)], [torch.zeros(shape, **on)])
 
     def pick_hidden(self, out) -> torch.Tensor:
         """The backbone rows the head reads, by wiring: [rows, H]."""
@@ -89,7 +93,7 @@ class MTPHead:
 
     def _inputs(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         eps = self.model.args.rms_norm_eps
-        e = rms_norm(self.model.embed[tokens], self.norm_emb, eps)
+        e = rms_norm(self.model.embed[tokens.to(self.fc.device)], self.norm_emb, eps)
         h = rms_norm(hidden, self.norm_hidden, eps)
         return F.linear(torch.cat([e, h], dim=-1), self.fc)
 

@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ModelFormatError
+from ..execution import Execution
 from ..ops import attention as attn_ops
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
-from .layers import RopeTable, apply_rope, gated_rms_norm, rms_norm, rowwise, silu_mul
+from .layers import BATCH, ROWWISE, Padded, RopeTable, apply_rope, gated_rms_norm, policy, rms_norm, rowwise, silu_mul
 
 EXACT_ROWS = 16
 FAMILIES = ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
@@ -132,7 +133,8 @@ class ModelArgs:
     def value_dim(self) -> int:
         return self.linear_num_value_heads * self.linear_value_head_dim
 
-    def state_shapes(self, max_len: int) -> StateShapes:
+    def state_shapes(self, max_len: int, execution: Execution | None = None) -> StateShapes:
+        ex = execution or Execution()
         return StateShapes(
             max_len=max_len,
             attn_layers=sum(t == "full_attention" for t in self.layer_types),
@@ -144,6 +146,8 @@ class ModelArgs:
             value_heads=self.linear_num_value_heads,
             key_dim=self.linear_key_head_dim,
             value_dim=self.linear_value_head_dim,
+            dtype=ex.dtype,
+            device=ex.device,
         )
 
 
@@ -284,9 +288,28 @@ def _load_linear_attn(w: _Weights, p: str, a: ModelArgs, index: int) -> LinearAt
     )
 
 
+def padded_linear(n: int):
+    """F.linear on exactly n rows (zeros appended): cuBLAS then runs one algorithm for every
+    row count, and row i's bits cannot depend on how many rows came with it."""
+    rp = Padded(n)
+    return lambda x, w: rp.reduce(lambda t: F.linear(t, w), x)
+
+
 class Model:
-    def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor]):
+    def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor], execution: Execution | None = None):
         self.args = a = args
+        self.exec = ex = execution or Execution()
+        if ex.is_cuda or ex.dtype != torch.float32:
+            # weights move one at a time, so peak host memory is the checkpoint's, not twice it
+            tensors = {k: v.to(device=ex.torch_device, dtype=ex.dtype if v.is_floating_point() else v.dtype)
+                       for k, v in tensors.items()}
+        if ex.pad_rows:
+            self.rows_exact, self.lin_exact, self.lin_fast = Padded(ex.pad_rows), padded_linear(ex.pad_rows), F.linear
+        else:
+            # looked up at call time, so profilers and tests can wrap the module's functions
+            self.rows_exact = ROWWISE
+            self.lin_exact = lambda x, w: lin_ops.linear(x, w)
+            self.lin_fast = lambda x, w: lin_ops.linear_fast(x, w)
         w = _Weights(tensors)
         self.embed = w.pop("model.embed_tokens.weight", (a.vocab_size, a.hidden_size))
         self.layers: list[Layer] = []
@@ -316,11 +339,11 @@ class Model:
         else:
             raise ModelFormatError("checkpoint is missing tensor lm_head.weight (and tie_word_embeddings is false)")
         w.finish()
-        self.rope = RopeTable(a.head_dim, a.partial_rotary_factor, a.rope_theta)
+        self.rope = RopeTable(a.head_dim, a.partial_rotary_factor, a.rope_theta, ex.torch_device)
 
     # ----- state -----
     def new_state(self, max_len: int) -> State:
-        return State.allocate(self.args.state_shapes(max_len))
+        return State.allocate(self.args.state_shapes(max_len, self.exec))
 
     @property
     def weight_bytes(self) -> int:
@@ -361,26 +384,31 @@ class Model:
             exact = rows <= EXACT_ROWS
         if save_slots and len(state.slots) < rows - 1:
             raise ValueError("save_slots needs rows-1 copy slots")
-        lin = lin_ops.linear if exact else lin_ops.linear_fast
-        x = self.embed[ids]                                     # [rows, H]
+        if exact and isinstance(self.rows_exact, Padded) and rows > self.rows_exact.n:
+            raise ValueError(f"an exact forward on {self.exec.device} takes at most {self.rows_exact.n} rows")
+        lin = self.lin_exact if exact else self.lin_fast
+        rp = self.rows_exact if exact else BATCH
+        eps = self.args.rms_norm_eps
+        x = self.embed[ids.to(self.embed.device)]               # [rows, H]
         for layer in self.layers:
-            h = rms_norm(x, layer.in_norm, self.args.rms_norm_eps)
+            h = rms_norm(x, layer.in_norm, eps, rp)
             if isinstance(layer.mixer, LinearAttn):
-                h = self._linear_attn(layer.mixer, h, state, exact, save_slots, lin)
+                h = self._linear_attn(layer.mixer, h, state, rp, save_slots, lin)
             else:
-                h = self._full_attn(layer.mixer, h, state, start, exact, lin)
+                h = self._full_attn(layer.mixer, h, state, start, rp, lin)
             x = x + h
-            h = rms_norm(x, layer.post_norm, self.args.rms_norm_eps)
-            x = x + (self.moe(layer.mlp, h, lin, exact) if isinstance(layer.mlp, MoE)
-                 else self.dense(layer.mlp, h, lin, exact))
-        hidden = rms_norm(x, self.norm, self.args.rms_norm_eps)
-        logits = lin(hidden, self.lm_head)
+            h = rms_norm(x, layer.post_norm, eps, rp)
+            x = x + (self.moe(layer.mlp, h, lin, rp) if isinstance(layer.mlp, MoE)
+                 else self.dense(layer.mlp, h, lin, rp))
+        hidden = rms_norm(x, self.norm, eps, rp)
+        logits = lin(hidden, self.lm_head).float()
         state.kv_len = start + rows
         state.tokens.extend(ids.tolist())
         return ForwardOut(logits, hidden, x)
 
     def _linear_attn(self, m: LinearAttn, h, state: State, exact, save_slots, lin):
         a = self.args
+        rp = policy(exact)
         rows = h.shape[0]
         kd, vd, hv = a.key_dim, a.value_dim, a.linear_num_value_heads
         proj = lin(h, m.w_in)                                   # [rows, q|k|v|z|b|a]
@@ -400,38 +428,39 @@ class Model:
                     state.slots[r].rec[m.index].copy_(rec)
         else:
             save_conv = save_rec = None
-        if exact:
+        if rp is not BATCH:
             mixed = dn_ops.conv_rows(mixed, ring, m.conv, on_row=save_conv)
         else:
             mixed = dn_ops.conv_prefill(mixed, ring, m.conv)
         q = mixed[:, :kd].reshape(rows, a.linear_num_key_heads, a.linear_key_head_dim)
         k = mixed[:, kd:2 * kd].reshape(rows, a.linear_num_key_heads, a.linear_key_head_dim)
         v = mixed[:, 2 * kd:].reshape(rows, hv, a.linear_value_head_dim)
-        beta = rowwise(torch.sigmoid, b, exact=exact)
-        g = -m.a_log_exp * rowwise(F.softplus, a_.float() + m.dt_bias, exact=exact)
-        o = dn_ops.delta_rule_rows(q, k, v, g, beta, rec, on_row=save_rec)   # [rows, Hv, dv]
-        o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, exact)
+        beta = rowwise(torch.sigmoid, b, exact=rp)
+        g = -m.a_log_exp * rowwise(F.softplus, a_.float() + m.dt_bias, exact=rp)
+        o = dn_ops.delta_rule_rows(q, k, v, g, beta, rec, on_row=save_rec, rows_policy=rp)   # [rows, Hv, dv]
+        o = gated_rms_norm(o.to(h.dtype), z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
         return lin(o.reshape(rows, vd), m.out)
 
     def _full_attn(self, m: FullAttn, h, state: State, start, exact, lin, pos_offset: int = 0):
         """Gated attention; rows are written to the cache at start.. and rotated at
         positions start+pos_offset.. (the MTP head's pair p sits at index p, position p+1)."""
         a = self.args
+        rp = policy(exact)
         rows = h.shape[0]
         nh, hd = a.num_attention_heads, a.head_dim
-        q, gate, k, v = self.qkv(m, h, start + pos_offset, lin)
+        q, gate, k, v = self.qkv(m, h, start + pos_offset, lin, rp)
         kc, vc = state.k[m.index], state.v[m.index]
         kc[:, start:start + rows] = k.transpose(0, 1)
         vc[:, start:start + rows] = v.transpose(0, 1)
         scale = hd ** -0.5
-        if exact:
+        if rp is not BATCH:
             o = attn_ops.attend_rows(q, kc, vc, start, scale)
         else:
             o = attn_ops.attend_prefill(q, kc, vc, start, scale)
-        o = o.reshape(rows, nh * hd) * rowwise(torch.sigmoid, gate, exact=exact)
+        o = o.reshape(rows, nh * hd) * rowwise(torch.sigmoid, gate, exact=rp)
         return lin(o, m.out)
 
-    def qkv(self, m: FullAttn, h, pos: int, lin):
+    def qkv(self, m: FullAttn, h, pos: int, lin, rows=BATCH):
         """q [rows, heads, hd], gate [rows, heads*hd], k and v [rows, kv_heads, hd], rotated."""
         a = self.args
         rows = h.shape[0]
@@ -441,19 +470,24 @@ class Model:
         q, gate = qg[..., :hd], qg[..., hd:].reshape(rows, nh * hd)
         k = proj[:, 2 * nh * hd:2 * nh * hd + nkv * hd].view(rows, nkv, hd)
         v = proj[:, 2 * nh * hd + nkv * hd:].view(rows, nkv, hd)
-        q = rms_norm(q, m.q_norm, a.rms_norm_eps)
-        k = rms_norm(k, m.k_norm, a.rms_norm_eps)
+        q = rms_norm(q, m.q_norm, a.rms_norm_eps, rows)
+        k = rms_norm(k, m.k_norm, a.rms_norm_eps, rows)
         cos, sin = self.rope.get(pos, rows)
         return apply_rope(q, cos, sin), gate, apply_rope(k, cos, sin), v
 
     def moe(self, m: MoE, h, lin, exact):
-        rows = h.shape[0]
+        exact = policy(exact)
         e, si = m.n_experts, m.shared_inter
         pre = lin(h, m.pre)                                     # [rows, E + 1 + 2*Is]
-        probs = torch.softmax(pre[:, :e].float(), dim=-1)
-        top_w, top_i = torch.topk(probs, m.top_k, dim=-1)
-        if m.norm_topk:
-            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+
+        def route(logits):                                      # [rows, E] -> weights, ids [rows, top_k]
+            probs = torch.softmax(logits.float(), dim=-1)
+            top_w, top_i = torch.topk(probs, m.top_k, dim=-1)
+            if m.norm_topk:
+                top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+            return top_w, top_i
+
+        top_w, top_i = exact.reduce(route, pre[:, :e])
         out = torch.zeros_like(h)
         # Experts in ascending id, each adding into its rows: a row's sum order is its
         # own experts' order, whatever the other rows routed to.

@@ -24,7 +24,7 @@ def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         n = start + m + 1
         qm = q[m].view(kv_heads, group, hd)                          # [kvh, g, hd]
         scores = torch.bmm(qm, k_cache[:, :n, :].transpose(1, 2))   # [kvh, g, n]
-        probs = torch.softmax(scores.float() * scale, dim=-1)
+        probs = torch.softmax(scores.float() * scale, dim=-1).to(v_cache.dtype)
         out[m] = torch.bmm(probs, v_cache[:, :n, :]).view(heads, hd)
     return out
 
@@ -37,6 +37,6 @@ def attend_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     k = k_cache[:, :n, :].repeat_interleave(heads // kv_heads, dim=0)   # [heads, n, hd]
     v = v_cache[:, :n, :].repeat_interleave(heads // kv_heads, dim=0)
     # query row m sees keys 0..start+m
-    mask = torch.ones(rows, n, dtype=torch.bool).tril(diagonal=start)
+    mask = torch.ones(rows, n, dtype=torch.bool, device=q.device).tril(diagonal=start)
     o = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale)
     return o.transpose(0, 1)

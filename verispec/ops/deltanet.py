@@ -47,23 +47,24 @@ def conv_prefill(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor) -> t
 
 
 def delta_rule_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                    state: torch.Tensor, on_row: Callable[[int], None] | None = None) -> torch.Tensor:
+                    state: torch.Tensor, on_row: Callable[[int], None] | None = None, rows_policy=False) -> torch.Tensor:
     """The gated delta rule, one row at a time; state [Hv, dk, dv] fp32, updated in place.
 
-    q, k [rows, Hk, dk]; v [rows, Hv, dv]; g, beta [rows, Hv]. Returns [rows, Hv, dv].
+    q, k [rows, Hk, dk]; v [rows, Hv, dv]; g, beta [rows, Hv]. Returns [rows, Hv, dv] fp32.
+    `rows_policy` runs the q/k L2 norms (the one batched reduction here).
     """
     rows, hk, dk = q.shape
     hv = v.shape[1]
     rep = hv // hk
-    q = l2_norm(q.float()) * (dk ** -0.5)
-    k = l2_norm(k.float())
+    q = l2_norm(q.float(), rows=rows_policy) * (dk ** -0.5)
+    k = l2_norm(k.float(), rows=rows_policy)
     if rep > 1:
         q = q.repeat_interleave(rep, dim=1)
         k = k.repeat_interleave(rep, dim=1)
     g = g.float()
     beta = beta.float()
     v = v.float()
-    out = torch.empty(rows, hv, v.shape[2], dtype=torch.float32)
+    out = torch.empty(rows, hv, v.shape[2], dtype=torch.float32, device=v.device)
     for m in range(rows):
         state.mul_(g[m].exp()[:, None, None])
         kv_mem = torch.bmm(k[m][:, None, :], state)[:, 0, :]              # [Hv, dv]

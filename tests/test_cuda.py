@@ -1,0 +1,142 @@
+"""The GPU path: row invariance of every op of the decode/verify path for 1..16 rows, model
+rows against single rows, and the drafts-vs-no-drafts matrix, on fixtures and on a
+real-shaped random model (the 35B-A3B widths, fewer layers). Skipped where torch sees no
+CUDA GPU (CI); run on the device machine and recorded in docs/cuda.md."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+
+from exact_matrix import check_matrix  # noqa: E402
+from model_fixtures import REPEAT_PROMPT, fixture_dir  # noqa: E402
+
+from verispec.engine import Engine  # noqa: E402
+from verispec.execution import PAD_ROWS, Execution  # noqa: E402
+from verispec.models.layers import Padded, gated_rms_norm, l2_norm, rms_norm, rowwise  # noqa: E402
+from verispec.models.qwen3_next import padded_linear  # noqa: E402
+from verispec.ops import attention, deltanet  # noqa: E402
+from verispec.random_model import preset_config, random_checkpoint  # noqa: E402
+
+ROWS = list(range(1, 9)) + [12, 16]
+P = Padded(PAD_ROWS)
+BF = torch.bfloat16
+
+
+def _cuda():
+    return Execution.for_device("cuda")
+
+
+def _rand(*shape, dtype=BF):
+    return torch.randn(*shape, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def _batched_invariant(fn, *xs):
+    """Row i of fn(x[:M]) equals fn(x[i:i+1]) for every M in ROWS, bit for bit."""
+    single = [fn(*(x[i:i + 1] for x in xs)) for i in range(xs[0].shape[0])]
+    for m in ROWS:
+        out = fn(*(x[:m] for x in xs))
+        for i in range(m):
+            assert torch.equal(out[i:i + 1], single[i]), f"row {i} of {m} differs"
+
+
+# 35B-A3B decode shapes: in_proj (q|k|v|z|b|a), out_proj, attention qkv, router+shared, expert
+# gate_up and down, shared down, lm_head
+LINEAR_SHAPES = [(2048, 12352), (4096, 2048), (2048, 9216), (2048, 1281), (2048, 1024), (512, 2048),
+                 (2048, 248320)]
+
+
+@pytest.mark.parametrize("k,n", LINEAR_SHAPES)
+def test_padded_linear_rows(k, n):
+    w = _rand(n, k)
+    lin = padded_linear(PAD_ROWS)
+    _batched_invariant(lambda x: lin(x, w), _rand(16, k))
+
+
+def test_norms_and_elementwise_rows():
+    w = _rand(2048) * 0.1
+    _batched_invariant(lambda x: rms_norm(x, w, 1e-6, P), _rand(16, 2048))
+    _batched_invariant(lambda x: rms_norm(x, w[:256], 1e-6, P), _rand(16, 16, 256))
+    _batched_invariant(lambda x: l2_norm(x.float(), rows=P), _rand(16, 16, 128))
+    _batched_invariant(lambda x, z: gated_rms_norm(x, z, w[:128] + 1, 1e-6, P), _rand(16, 32, 128), _rand(16, 32, 128))
+    for f in (torch.sigmoid, F.silu, F.softplus, torch.exp):
+        _batched_invariant(lambda x, f=f: rowwise(f, x, exact=P), _rand(16, 4096, dtype=torch.float32))
+        _batched_invariant(lambda x, f=f: rowwise(f, x, exact=P), _rand(16, 4096))
+
+
+def test_router_rows():
+    def route(x):
+        probs = torch.softmax(x.float(), -1)
+        w, i = torch.topk(probs, 8, -1)
+        return torch.cat([w / w.sum(-1, keepdim=True), i.float()], -1)
+    _batched_invariant(lambda x: P.reduce(route, x), _rand(16, 256))
+
+
+def test_attention_rows_over_a_long_cache():
+    kv, heads, hd, n = 2, 16, 256, 1000
+    kc, vc = _rand(kv, n + 16, hd), _rand(kv, n + 16, hd)
+    q = _rand(16, heads, hd)
+    single = [attention.attend_rows(q[i:i + 1], kc, vc, n + i, hd ** -0.5) for i in range(16)]
+    for m in ROWS:
+        out = attention.attend_rows(q[:m], kc, vc, n, hd ** -0.5)
+        for i in range(m):
+            assert torch.equal(out[i:i + 1], single[i]), (m, i)
+
+
+def test_deltanet_rows_and_copy_slots():
+    hk, hv, dk, dv, c = 16, 32, 128, 128, 8192
+    q, k, v = _rand(16, hk, dk), _rand(16, hk, dk), _rand(16, hv, dv)
+    g = -torch.rand(16, hv, device="cuda")
+    beta = torch.rand(16, hv, device="cuda").to(BF)
+    x, cw = _rand(16, c), _rand(c, 4)
+    s0 = torch.randn(hv, dk, dv, device="cuda") * 0.1
+    r0 = _rand(c, 3)
+    for m in ROWS:
+        s1, s2, r1, r2 = s0.clone(), s0.clone(), r0.clone(), r0.clone()
+        saved = []
+        many = deltanet.delta_rule_rows(q[:m], k[:m], v[:m], g[:m], beta[:m], s1,
+                                        on_row=lambda r: saved.append(s1.clone()), rows_policy=P)
+        conv_many = deltanet.conv_rows(x[:m], r1, cw)
+        for i in range(m):
+            one = deltanet.delta_rule_rows(q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1], beta[i:i + 1], s2,
+                                           rows_policy=P)
+            assert torch.equal(many[i:i + 1], one), (m, i)
+            assert torch.equal(saved[i], s2), (m, i)      # the copy slot after row i = the 1-row state
+            assert torch.equal(conv_many[i:i + 1], deltanet.conv_rows(x[i:i + 1], r2, cw)), (m, i)
+        assert torch.equal(r1, r2)
+
+
+def _model_rows(model, n: int):
+    st1, stn = model.new_state(64), model.new_state(64)
+    model.forward(REPEAT_PROMPT, st1)
+    model.forward(REPEAT_PROMPT, stn)
+    ids = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3][:n]
+    ones = torch.cat([model.forward([t], st1).logits for t in ids])
+    many = model.forward(ids, stn).logits
+    return ones, many
+
+
+@pytest.fixture(scope="module")
+def real_shaped():
+    """The 35B-A3B widths (hidden 2048, 256 experts top-8, vocab 248320) with 4 layers (3:1) and an MTP head."""
+    ck = random_checkpoint(preset_config("qwen3.6-35b-a3b-shape", layers=4), seed=11, device="cuda")
+    return Engine.from_checkpoint(ck, _cuda())
+
+
+def test_model_rows_equal_single_rows(real_shaped):
+    assert real_shaped.model.embed.is_cuda and real_shaped.model.embed.dtype == BF
+    for n in (2, 3, 4, 6, 8, 16):
+        ones, many = _model_rows(real_shaped.model, n)
+        assert torch.equal(ones, many), n
+
+
+def test_matrix_on_the_real_shaped_model(real_shaped):
+    assert check_matrix(real_shaped, REPEAT_PROMPT, 24) > 60
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_moe"])
+def test_matrix_on_fixtures(family):
+    eng = Engine(fixture_dir(family, 0, mtp=True), device="cuda")
+    assert eng.model.embed.is_cuda
+    assert check_matrix(eng, REPEAT_PROMPT, 32) > 60

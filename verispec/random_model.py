@@ -1,0 +1,186 @@
+"""Random-weight checkpoints at real shapes, made in memory on the target device.
+
+No real checkpoint can be downloaded here, yet the GPU path must be measured at the shapes
+it is for: a 35B-A3B hybrid reads ~6 GB of active weights per token, and what a verify
+costs there (rows routed to different experts read more) is what the benchmarks report.
+The tensors carry the release names (Qwen3.5 split projections, fused experts), so the
+ordinary loader code (`Model`, `MTPHead.load`) builds the model from them.
+
+Routing: "independent" draws every tensor at random, so neighbouring rows pick unrelated
+experts; "correlated" gives every token embedding one shared direction (plus a smaller own
+part), which the residual stream carries into every router, so neighbouring rows share most
+of their experts, as neighbouring tokens of real text often do.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from .weights import Checkpoint
+
+QWEN36_35B_A3B_SHAPE = {
+    "model_type": "qwen3_5_moe",
+    "vocab_size": 248320,
+    "hidden_size": 2048,
+    "num_hidden_layers": 40,
+    "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(40)],
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_key_head_dim": 128,
+    "linear_num_value_heads": 32,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 256,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+    "mtp_num_hidden_layers": 1,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+}
+
+# A small member of the family (fits a laptop and the CPU test suite).
+SMALL_SHAPE = {**QWEN36_35B_A3B_SHAPE, "vocab_size": 4096, "hidden_size": 256, "num_hidden_layers": 4,
+               "layer_types": ["linear_attention"] * 3 + ["full_attention"], "num_attention_heads": 4,
+               "head_dim": 64, "linear_num_key_heads": 2, "linear_key_head_dim": 64, "linear_num_value_heads": 4,
+               "linear_value_head_dim": 64, "num_experts": 16, "num_experts_per_tok": 4,
+               "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128, "max_position_embeddings": 4096}
+
+PRESETS = {"qwen3.6-35b-a3b-shape": QWEN36_35B_A3B_SHAPE, "small": SMALL_SHAPE}
+ROUTINGS = ("independent", "correlated")
+
+
+def preset_config(name: str, layers: int | None = None) -> dict:
+    if name not in PRESETS:
+        raise ValueError(f"unknown random config {name!r}; presets: {', '.join(PRESETS)}")
+    cfg = dict(PRESETS[name])
+    if layers is not None:
+        if layers < 1:
+            raise ValueError("layers must be >= 1")
+        types = cfg["layer_types"]
+        cfg["num_hidden_layers"] = layers
+        cfg["layer_types"] = [types[i % len(types)] for i in range(layers)]
+    return cfg
+
+
+class _Gen:
+    def __init__(self, seed: int, device, dtype):
+        self.g = torch.Generator(device=device).manual_seed(seed)
+        self.device, self.dtype = device, dtype
+
+    def matrix(self, *shape, scale: float = 1.0) -> torch.Tensor:
+        """Entries ~ N(0, scale^2 / fan_in): outputs keep the inputs' size."""
+        t = torch.randn(shape, generator=self.g, device=self.device, dtype=self.dtype)
+        return t.mul_(scale / math.sqrt(shape[-1]))
+
+    def norm(self, n: int) -> torch.Tensor:
+        """Zero-centred norm weights (1 + w), w ~ N(0, 0.1^2)."""
+        return torch.randn(n, generator=self.g, device=self.device, dtype=self.dtype).mul_(0.1)
+
+    def uniform(self, n: int, lo: float, hi: float) -> torch.Tensor:
+        return torch.rand(n, generator=self.g, device=self.device, dtype=torch.float32).mul_(hi - lo).add_(lo)
+
+
+def _attn(gen: _Gen, p: str, c: dict, out: dict) -> None:
+    h, nh, nkv, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    out[f"{p}.q_proj.weight"] = gen.matrix(2 * nh * hd, h)
+    out[f"{p}.k_proj.weight"] = gen.matrix(nkv * hd, h)
+    out[f"{p}.v_proj.weight"] = gen.matrix(nkv * hd, h)
+    out[f"{p}.o_proj.weight"] = gen.matrix(h, nh * hd, scale=0.5)
+    out[f"{p}.q_norm.weight"] = gen.norm(hd)
+    out[f"{p}.k_norm.weight"] = gen.norm(hd)
+
+
+def _moe(gen: _Gen, p: str, c: dict, out: dict) -> None:
+    h, e, i, si = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
+    out[f"{p}.gate.weight"] = gen.matrix(e, h, scale=4.0)
+    out[f"{p}.shared_expert_gate.weight"] = gen.matrix(1, h)
+    out[f"{p}.shared_expert.gate_proj.weight"] = gen.matrix(si, h)
+    out[f"{p}.shared_expert.up_proj.weight"] = gen.matrix(si, h)
+    out[f"{p}.shared_expert.down_proj.weight"] = gen.matrix(h, si, scale=0.5)
+    out[f"{p}.experts.gate_up_proj"] = gen.matrix(e, 2 * i, h)
+    out[f"{p}.experts.down_proj"] = gen.matrix(e, h, i, scale=0.5)
+
+
+def _linear_attn(gen: _Gen, p: str, c: dict, out: dict) -> None:
+    h = c["hidden_size"]
+    kd = c["linear_num_key_heads"] * c["linear_key_head_dim"]
+    vd = c["linear_num_value_heads"] * c["linear_value_head_dim"]
+    hv, k = c["linear_num_value_heads"], c["linear_conv_kernel_dim"]
+    out[f"{p}.in_proj_qkv.weight"] = gen.matrix(2 * kd + vd, h)
+    out[f"{p}.in_proj_z.weight"] = gen.matrix(vd, h)
+    out[f"{p}.in_proj_b.weight"] = gen.matrix(hv, h)
+    out[f"{p}.in_proj_a.weight"] = gen.matrix(hv, h)
+    out[f"{p}.conv1d.weight"] = gen.matrix(2 * kd + vd, 1, k)
+    out[f"{p}.A_log"] = gen.uniform(hv, 0.0, math.log(16.0)).to(gen.dtype)
+    out[f"{p}.dt_bias"] = gen.uniform(hv, -1.0, 1.0).to(gen.dtype)
+    out[f"{p}.norm.weight"] = (1.0 + gen.norm(c["linear_value_head_dim"])).to(gen.dtype)
+    out[f"{p}.out_proj.weight"] = gen.matrix(h, vd, scale=0.5)
+
+
+def random_checkpoint(config: dict, *, seed: int = 0, device="cpu", dtype=torch.bfloat16,
+                      mtp: bool = True, routing: str = "independent", name: str = "random") -> Checkpoint:
+    """A Checkpoint of random tensors with release names, made on `device` in `dtype`."""
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing must be one of {ROUTINGS}")
+    c = config
+    gen = _Gen(seed, device, dtype)
+    h, v = c["hidden_size"], c["vocab_size"]
+    emb = gen.matrix(v, h, scale=math.sqrt(h))
+    if routing == "correlated":
+        emb.mul_(0.25).add_(gen.matrix(1, h, scale=math.sqrt(h)))   # shared direction: 4x each token's own
+    t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": emb}
+    for li, kind in enumerate(c["layer_types"]):
+        p = f"model.layers.{li}"
+        t[f"{p}.input_layernorm.weight"] = gen.norm(h)
+        t[f"{p}.post_attention_layernorm.weight"] = gen.norm(h)
+        if kind == "linear_attention":
+            _linear_attn(gen, f"{p}.linear_attn", c, t)
+        else:
+            _attn(gen, f"{p}.self_attn", c, t)
+        _moe(gen, f"{p}.mlp", c, t)
+    t["model.norm.weight"] = gen.norm(h)
+    t["lm_head.weight"] = gen.matrix(v, h, scale=4.0)
+    head: dict[str, torch.Tensor] = {}
+    if mtp:
+        head["mtp.fc.weight"] = gen.matrix(h, 2 * h)
+        head["mtp.pre_fc_norm_embedding.weight"] = gen.norm(h)
+        head["mtp.pre_fc_norm_hidden.weight"] = gen.norm(h)
+        head["mtp.layers.0.input_layernorm.weight"] = gen.norm(h)
+        head["mtp.layers.0.post_attention_layernorm.weight"] = gen.norm(h)
+        _attn(gen, "mtp.layers.0.self_attn", c, head)
+        _moe(gen, "mtp.layers.0.mlp", c, head)
+        head["mtp.norm.weight"] = gen.norm(h)
+    return Checkpoint(Path(f"<{name}>"), dict(c), t, head, mtp, str(dtype).replace("torch.", ""))
+
+
+def active_weight_bytes(config: dict, elem: int = 2) -> int:
+    """Bytes of the weights one decode row must read: every dense matrix, the router, the
+    shared expert, top-k experts per MoE layer, the lm_head (the embedding row is negligible)."""
+    c = config
+    h = c["hidden_size"]
+    kd = c["linear_num_key_heads"] * c["linear_key_head_dim"]
+    vd = c["linear_num_value_heads"] * c["linear_value_head_dim"]
+    hv = c["linear_num_value_heads"]
+    nh, nkv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    lin = (2 * kd + 2 * vd + 2 * hv) * h + vd * h
+    full = (2 * nh * hd + 2 * nkv * hd) * h + h * nh * hd
+    e, k, i, si = c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
+    moe_fixed = (e + 1 + 3 * si) * h
+    expert = 3 * i * h
+    total = 0
+    for kind in c["layer_types"]:
+        total += (lin if kind == "linear_attention" else full) + moe_fixed + k * expert
+    total += c["vocab_size"] * h
+    return total * elem
+
+
+def expert_bytes(config: dict, elem: int = 2) -> int:
+    return 3 * config["moe_intermediate_size"] * config["hidden_size"] * elem
