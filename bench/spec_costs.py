@@ -1,6 +1,6 @@
 """Benchmark: what speculation costs and buys on the mid-size random model (issues 3, 4, 5).
 
-    python bench/spec_costs.py [--rounds 3] [--tokens 32] [--gate-tokens 64] [--sections 3,4,5] [--quick]
+    python bench/spec_costs.py [--rounds 3] [--tokens 32] [--gate-tokens 256] [--sections 3,4,5] [--quick]
 
 Section 3 (forced drafts, issue 3). On the mid-size model of bench/decode.py (hidden 1024,
 16 layers 3:1 DeltaNet:attention, 16 experts top-2, vocab 8192), every arm a greedy
@@ -23,7 +23,12 @@ that size), and that model's plain step.
 
 Section 5 (the gate, issue 5). Forced `bernoulli:P` lookup drafts, P = 0.9, 0.6, 0.3, 0:
 the gate (`gate=True`, up to 5 drafts) against every fixed depth k = 1..5 (`gate=False`)
-and plain, --gate-tokens tokens per run. With the forced source the decoder's gate does
+and plain, --gate-tokens tokens per run (a comma list runs the section once per length).
+Two gate arms: `gate`, the engine's chain (`Engine.keep_gate`: each gated run continues
+from the engine's last gated run: its measured T(n) and rho, acceptance carried at a prior's
+weight, as a long-lived process would; the chain starts empty at the section's first gate
+run, so that run is a cold one), and `gate_cold`, a gate with nothing measured at every run
+(the engine's chain set aside around it): what a single CLI run gets. `plain2` is plain again, for the noise floor. With the forced source the decoder's gate does
 pick the depth (ForcedSource has no `gated_by_decoder = False`, so `Decoder._propose` calls
 `gate.pick` and cuts the drafts before `spoil`). Then the real (random) MTP head on the
 mid-size model: plain, fixed depth 1 and 3 without the gate, depth 3 with the gate and
@@ -139,11 +144,20 @@ def prompt_for(vocab: int) -> list[int]:
     return [(13 * i + 5) % vocab for i in range(PROMPT_LEN)]
 
 
-def run_arm(eng: Engine, prompt: list[int], tokens: int, drafts: DraftSettings) -> dict:
+def run_arm(eng: Engine, prompt: list[int], tokens: int, drafts: DraftSettings, cold: bool = False) -> dict:
+    """One greedy generate. cold: the gate starts with nothing measured (the engine's chain of
+    gates, Engine.last_gate, is set aside for this run and put back after it)."""
     settings = RunSettings(max_tokens=tokens, drafts=drafts)
-    t0 = time.perf_counter()
-    res = eng.generate(list(prompt), settings, eos_ids=set())
-    wall = time.perf_counter() - t0
+    kept = eng.last_gate
+    if cold:
+        eng.last_gate = None
+    try:
+        t0 = time.perf_counter()
+        res = eng.generate(list(prompt), settings, eos_ids=set())
+        wall = time.perf_counter() - t0
+    finally:
+        if cold:
+            eng.last_gate = kept
     s = res.stats
     decode_wall = wall - s["prefill_seconds"]
     out = {"ids": res.ids, "tokens": s["tokens"], "forwards": s["forwards"], "verifies": s["verifies"],
@@ -151,7 +165,10 @@ def run_arm(eng: Engine, prompt: list[int], tokens: int, drafts: DraftSettings) 
            "plain_steps": s["plain_steps"], "proposed_by_position": s["proposed_by_position"][:6],
            "decode_wall_s": decode_wall, "decode_forward_s": s["decode_seconds"],
            "prefill_s": s["prefill_seconds"], "wall_s": wall,
-           "tok_s": s["tokens"] / decode_wall, "tok_s_forward_only": s["decode_tok_s"]}
+           "tok_s": s["tokens"] / decode_wall, "tok_s_forward_only": s["decode_tok_s"],
+           # the decode loop's time outside the forwards (sampling, proposing, the gate), per token
+           "outside_forward_ms_per_token": (decode_wall - s["decode_seconds"]) / s["tokens"] * 1e3,
+           "load1": os.getloadavg()[0]}
     if "gate" in s:
         g = s["gate"]
         out["gate"] = {"T_ratio": {n: t / g["T"][1] for n, t in g["T"].items()} if 1 in g["T"] else {},
@@ -167,7 +184,7 @@ def interleaved(arms: dict, rounds: int, fn, label: str) -> dict[str, list]:
     for r in range(rounds):
         for a in (names if r % 2 == 0 else names[::-1]):
             raw[a].append(fn(arms[a]))
-        log(f"{label} round {r + 1}/{rounds} done")
+        log(f"{label} round {r + 1}/{rounds} done, load {os.getloadavg()[0]:.2f}")
     return raw
 
 
@@ -379,16 +396,18 @@ def section5(eng: Engine, rounds: int, tokens: int, ps: tuple[float, ...]) -> di
     prompt = prompt_for(eng.args.vocab_size)
     plain = DraftSettings(lookup=False, mtp="off")
     ref = run_arm(eng, prompt, tokens, plain)["ids"]
-    out = {"tokens": tokens, "by_p": {}}
+    eng.keep_gate, eng.last_gate = True, None     # the `gate` arm's chain starts here, empty
+    out = {"tokens": tokens, "rounds": rounds, "threads": torch.get_num_threads(), "by_p": {}}
     for p in ps:
         force = f"bernoulli:{p:g}"
-        arms = {"plain": plain}
+        arms = {"plain": (plain, False), "plain2": (plain, False)}
         for k in range(1, 6):
-            arms[f"fixed{k}"] = DraftSettings(lookup=True, lookup_drafts=k, mtp="off", gate=False, force=force,
-                                              reference=tuple(ref))
-        arms["gate"] = DraftSettings(lookup=True, lookup_drafts=5, mtp="off", gate=True, force=force,
-                                     reference=tuple(ref))
-        raw = interleaved(arms, rounds, lambda d: run_arm(eng, prompt, tokens, d), f"section 5 {force}")
+            arms[f"fixed{k}"] = (DraftSettings(lookup=True, lookup_drafts=k, mtp="off", gate=False, force=force,
+                                               reference=tuple(ref)), False)
+        gated = DraftSettings(lookup=True, lookup_drafts=5, mtp="off", gate=True, force=force, reference=tuple(ref))
+        arms["gate_cold"] = (gated, True)
+        arms["gate"] = (gated, False)
+        raw = interleaved(arms, rounds, lambda d: run_arm(eng, prompt, tokens, *d), f"section 5 {force} {tokens} tok")
         out["by_p"][str(p)] = summarize_arms(raw, ref)
     return out
 
@@ -397,16 +416,22 @@ def section5_mtp(eng: Engine, rounds: int, tokens: int) -> dict:
     prompt = prompt_for(eng.args.vocab_size)
     plain = DraftSettings(lookup=False, mtp="off")
     ref = run_arm(eng, prompt, tokens, plain)["ids"]
-    arms = {"plain": plain,
-            "mtp1_nogate": DraftSettings(lookup=False, mtp="on", mtp_drafts=1, gate=False),
-            "mtp3_nogate": DraftSettings(lookup=False, mtp="on", mtp_drafts=3, gate=False),
-            # depth auto: the gate picks 0..3 (the only MTP setting in which it can decline)
-            "mtp_auto_gate": DraftSettings(lookup=False, mtp="on", mtp_drafts=0, gate=True),
+    eng.keep_gate, eng.last_gate = True, None     # the gated arms' chain starts here, empty
+    auto = DraftSettings(lookup=False, mtp="on", mtp_drafts=0, gate=True)
+    arms = {"plain": (plain, False),
+            "mtp1_nogate": (DraftSettings(lookup=False, mtp="on", mtp_drafts=1, gate=False), False),
+            "mtp3_nogate": (DraftSettings(lookup=False, mtp="on", mtp_drafts=3, gate=False), False),
+            # depth auto: the gate picks 0..3 (the only MTP setting in which it can decline);
+            # the engine's chain of gates, and a gate with nothing measured
+            "mtp_auto_gate": (auto, False),
+            "mtp_auto_gate_cold": (auto, True),
             # a fixed depth with the gate: it never declines; per-step depth trims to >= 1 draft
-            "mtp3_gate_pstep_off": DraftSettings(lookup=False, mtp="on", mtp_drafts=3, gate=True, mtp_pstep=False),
-            "mtp3_gate_pstep_on": DraftSettings(lookup=False, mtp="on", mtp_drafts=3, gate=True, mtp_pstep=True)}
-    raw = interleaved(arms, rounds, lambda d: run_arm(eng, prompt, tokens, d), "section 5 mtp")
-    return {"tokens": tokens, "arms": summarize_arms(raw, ref)}
+            "mtp3_gate_pstep_off": (DraftSettings(lookup=False, mtp="on", mtp_drafts=3, gate=True, mtp_pstep=False),
+                                    False),
+            "mtp3_gate_pstep_on": (DraftSettings(lookup=False, mtp="on", mtp_drafts=3, gate=True, mtp_pstep=True),
+                                   False)}
+    raw = interleaved(arms, rounds, lambda d: run_arm(eng, prompt, tokens, *d), "section 5 mtp")
+    return {"tokens": tokens, "rounds": rounds, "threads": torch.get_num_threads(), "arms": summarize_arms(raw, ref)}
 
 
 def summarize_arms(raw: dict, ref: list[int]) -> dict:
@@ -418,6 +443,10 @@ def summarize_arms(raw: dict, ref: list[int]) -> dict:
                   "tokens_per_forward": stat([x["tokens"] / x["forwards"] for x in xs]),
                   "drafts_per_verify": stat([x["drafts"] / x["verifies"] if x["verifies"] else 0.0 for x in xs]),
                   "acceptance": stat([x["accepted"] / x["drafts"] if x["drafts"] else 0.0 for x in xs]),
+                  "outside_forward_ms_per_token": stat([x["outside_forward_ms_per_token"] for x in xs]),
+                  "verifies": stat([float(x["verifies"]) for x in xs]),
+                  "probes": stat([float(sum(v["probes"] for v in x.get("gate", {}).get("sources", {}).values()))
+                                  for x in xs]),
                   "same_ids_as_plain": all(x["ids"] == ref for x in xs),
                   "runs": [{k: v for k, v in x.items() if k != "ids"} for x in xs]}
     return res
@@ -497,32 +526,25 @@ def markdown(doc: dict) -> str:
     if "s5" in doc:
         s5 = doc["s5"]
         L += ["## Issue 5: the gate against every fixed depth (forced bernoulli:P, lookup source)", "",
-              f"{s5['tokens']} generated tokens per run, {doc['rounds']} rounds; `fixedK`: `gate=False, lookup_drafts=K`; "
-              "`gate`: `gate=True, lookup_drafts=5`.", ""]
-        verdicts = []
-        for p, arms in s5["by_p"].items():
-            L += [f"### P = {p}", "", "| arm | decode tok/s | vs plain | tokens/forward | drafts/verify | "
-                  "acceptance | ids = plain |", "|---|---|---|---|---|---|---|"]
-            for a, r in arms.items():
-                L.append(f"| {a} | {fmt(r['tok_s'])} | {fmt(r['vs_plain'])} | {fmt(r['tokens_per_forward'])} | "
-                         f"{fmt(r['drafts_per_verify'])} | {fmt(r['acceptance'])} | "
-                         f"{'yes' if r['same_ids_as_plain'] else '**NO**'} |")
-            best = max((a for a in arms if a.startswith("fixed")), key=lambda a: arms[a]["tok_s"]["median"])
-            g, b, pl = (arms[x]["tok_s"]["median"] for x in ("gate", best, "plain"))
-            verdicts.append((p, best, g / b, g / pl))
-            L.append("")
-        L += ["### Against the targets (medians)", "",
-              "| P | best fixed depth | gate / best fixed | within 5% | gate / plain | not below plain by > 2% |",
-              "|---|---|---|---|---|---|"]
-        for p, best, gb, gp in verdicts:
-            L.append(f"| {p} | {best} | {gb:.3f} | {'yes' if gb >= 0.95 else '**no**'} | {gp:.3f} | "
-                     f"{'yes' if gp >= 0.98 else '**no**'} |")
-        L.append("")
+              "Targets (the issue): the gate within 5% of the best fixed depth, and never below plain decoding by "
+              "more than 2%. `fixedK`: `gate=False, lookup_drafts=K`; `gate`: `gate=True, lookup_drafts=5`, the "
+              "engine's chain of gates (`Engine.keep_gate`: each gated run continues from the engine's last one: its measured T(n), rho "
+              "and refresh counter, and its acceptance estimates worth a prior, docs/gate.md \"Across runs\"; the "
+              "chain starts empty at the section's first gate run, P = 0.9 round 1, which is therefore cold, and it "
+              "runs on through the P values in order, so the first round of each P starts from the previous P's "
+              "estimates); `gate_cold`: the same with nothing measured at every run (what one CLI run gets); "
+              "`plain2`: plain again, the noise floor. Overhead: the decode loop's wall time outside the forwards "
+              "(sampling, proposing, the gate), ms per token.", ""]
+        for run in (s5["runs"] if "runs" in s5 else [s5]):
+            L += _s5_run(run, doc)
     if "s5mtp" in doc:
         r = doc["s5mtp"]
         L += ["### The real (random) MTP head on the mid-size model", "",
-              f"{r['tokens']} generated tokens per run. A random head's drafts almost never stand, so this is "
-              "the P ~ 0 case with the head's real draft costs. `mtp_auto_gate`: `mtp_drafts=0`, the gate picks 0..3; "
+              f"{r['tokens']} generated tokens per run, {r.get('rounds', doc['rounds'])} rounds, "
+              f"{r.get('threads', doc['machine']['torch_threads'])} torch thread(s). A random head's drafts almost "
+              "never stand, so this is "
+              "the P ~ 0 case with the head's real draft costs. `mtp_auto_gate`: `mtp_drafts=0`, the gate picks 0..3 "
+              "(the engine's chain of gates; `_cold`: nothing measured at every run); "
               "`mtp3_gate_pstep_*`: depth 3 with the gate, per-step depth off/on (at a fixed depth the drafter never "
               "asks the gate whether to draft at all; per-step depth keeps at least one draft).", "",
               "| arm | decode tok/s | vs plain | tokens/forward | drafts/verify | acceptance | ids = plain |",
@@ -533,6 +555,40 @@ def markdown(doc: dict) -> str:
                      f"{'yes' if x['same_ids_as_plain'] else '**NO**'} |")
         L.append("")
     return "\n".join(L) + "\n"
+
+
+def _s5_run(s5: dict, doc: dict) -> list[str]:
+    L = [f"### {s5['tokens']} generated tokens per run", "",
+         f"{s5.get('rounds', doc['rounds'])} rounds, {s5.get('threads', doc['machine']['torch_threads'])} torch thread(s)"
+         + (f"; load (1 min) at the end of each run: {s5['load_range'][0]:.2f}-{s5['load_range'][1]:.2f}"
+            if "load_range" in s5 else "") + ".", ""]
+    verdicts = []
+    for p, arms in s5["by_p"].items():
+        L += [f"#### P = {p}, {s5['tokens']} tokens", "",
+              "| arm | decode tok/s | vs plain | tokens/forward | drafts/verify | acceptance | verifies | probes | "
+              "overhead ms/tok | ids = plain |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for a, r in arms.items():
+            L.append(f"| {a} | {fmt(r['tok_s'])} | {fmt(r['vs_plain'])} | {fmt(r['tokens_per_forward'])} | "
+                     f"{fmt(r['drafts_per_verify'])} | {fmt(r['acceptance'])} | {fmt(r.get('verifies'), 0)} | "
+                     f"{fmt(r.get('probes'), 0)} | {fmt(r.get('outside_forward_ms_per_token'), 3)} | "
+                     f"{'yes' if r['same_ids_as_plain'] else '**NO**'} |")
+        best = max((a for a in arms if a.startswith("fixed")), key=lambda a: arms[a]["tok_s"]["median"])
+        med = {a: arms[a]["tok_s"]["median"] for a in arms}
+        verdicts.append((p, best, {g: (med[g] / med[best], med[g] / med["plain"]) for g in ("gate", "gate_cold")
+                                   if g in med}, med["plain2"] / med["plain"] if "plain2" in med else None))
+        L.append("")
+    gates = [g for g in ("gate", "gate_cold") if g in verdicts[0][2]]
+    L += [f"#### Against the targets, {s5['tokens']} tokens (ratios of the medians)", "",
+          "| P | best fixed | " + " | ".join(f"{g} / best fixed | {g} / plain" for g in gates) + " | plain2 / plain |",
+          "|---|---|" + "---|---|" * len(gates) + "---|"]
+    for p, best, vs, noise in verdicts:
+        cells = []
+        for g in gates:
+            gb, gp = vs[g]
+            cells.append(f"{gb:.3f} {'ok' if gb >= 0.95 else '**MISS**'} | {gp:.3f} {'ok' if gp >= 0.98 else '**MISS**'}")
+        L.append(f"| {p} | {best} | " + " | ".join(cells) + f" | {'-' if noise is None else f'{noise:.3f}'} |")
+    L.append("")
+    return L
 
 
 def git_info() -> dict:
@@ -554,7 +610,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=32, help="generated tokens per run, section 3")
-    ap.add_argument("--gate-tokens", type=int, default=64, help="generated tokens per run, section 5")
+    ap.add_argument("--gate-tokens", default="256",
+                    help="generated tokens per run, section 5 (a comma list: the bernoulli part once per length; "
+                         "the MTP part at the longest)")
     ap.add_argument("--reps", type=int, default=5, help="timed calls per arm per round (micro timings)")
     ap.add_argument("--sections", default="3,4,5")
     ap.add_argument("--ps", default="0.9,0.6,0.3,0")
@@ -573,7 +631,8 @@ def main() -> int:
     ap.add_argument("--md-out", default=None)
     a = ap.parse_args()
     if a.quick:
-        a.rounds, a.tokens, a.gate_tokens, a.reps, a.wait, a.wait_total = 1, 8, 12, 2, 0, 0
+        a.rounds, a.tokens, a.gate_tokens, a.reps, a.wait, a.wait_total = 1, 8, "12", 2, 0, 0
+    gate_tokens = [int(t) for t in str(a.gate_tokens).split(",")]
     json_out = Path(a.json_out or (Path(tempfile.gettempdir()) / "spec_costs_quick.json" if a.quick
                                    else ROOT / "bench" / "results" / "spec_costs.json"))
     md_out = Path(a.md_out or (Path(tempfile.gettempdir()) / "spec_costs_quick.md" if a.quick
@@ -616,12 +675,17 @@ def main() -> int:
                 doc["s3"] = section3(eng, a.rounds, a.tokens, a.reps)
             save()
         if "5" in sections:
-            with q.section("5 gate vs fixed depths (bernoulli)"):
-                doc["s5"] = section5(eng, a.rounds, a.gate_tokens, tuple(float(p) for p in a.ps.split(",")))
-            save()
+            doc["s5"] = {"runs": []}
+            for n in gate_tokens:
+                with q.section(f"5 gate vs fixed depths (bernoulli), {n} tokens"):
+                    run = section5(eng, a.rounds, n, tuple(float(p) for p in a.ps.split(",")))
+                loads = [x["load1"] for arms in run["by_p"].values() for r in arms.values() for x in r["runs"]]
+                run["load_range"] = [min(loads), max(loads)]
+                doc["s5"]["runs"].append(run)
+                save()
             if not a.no_mtp_gate:
                 with q.section("5 real MTP head, gate, per-step depth"):
-                    doc["s5mtp"] = section5_mtp(eng, a.rounds, a.gate_tokens)
+                    doc["s5mtp"] = section5_mtp(eng, a.rounds, max(gate_tokens))
                 save()
         if "4" in sections:
             doc["s4"] = {"costs": {}}

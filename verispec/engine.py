@@ -62,6 +62,14 @@ class Engine:
         self.vocab_lists: dict[int, VocabList] = {}
         self.tokenizer = tokenizer
         self.eos_ids = set(self.tokenizer.eos_ids) if self.tokenizer else set(self.args.eos_token_id)
+        # keep_gate (off unless set): each gated decoder continues from the last one's gate: it
+        # shares its timings (T(n), rho, draft costs: the machine's and the model's, not the
+        # prompt's) and starts its acceptance from its estimates, worth a prior (Gate.next_run,
+        # docs/gate.md "Across runs"), as a long-lived process would. Off: every decoder's gate
+        # starts from the priors with nothing measured (one CLI run; `serve` keeps one decoder,
+        # and so one gate, for all its turns anyway). last_gate: the last gated decoder's gate.
+        self.keep_gate = False
+        self.last_gate = None
 
     # ----- helpers -----
     def encode(self, text: str) -> list[int]:
@@ -124,7 +132,11 @@ class Engine:
 
         d = settings.drafts
         mtp = self.uses_mtp(settings)
-        gate = Gate(GateConfig(enabled=d.gate))
+        config = GateConfig(enabled=d.gate)
+        prev = self.last_gate
+        # only a gate that decides joins the chain (--gate off: its own, discarded)
+        gate = (prev.next_run() if self.keep_gate and d.gate and prev is not None and prev.config == config
+                else Gate(config))
         state = state or self.model.new_state(self.context_for(len(prompt), settings))
         sources = []
         if d.force is not None:
@@ -142,6 +154,8 @@ class Engine:
                                           pstep=pstep and d.gate))
             if d.lookup:
                 sources.append(LookupSource(d.lookup_drafts))
+        if d.gate and sources:
+            self.last_gate = gate
         return Decoder(self.model, state, sources=sources, gate=gate if sources else None, clock=clock,
                        config=DecoderConfig(prefill_batch=settings.prefill_batch))
 

@@ -27,6 +27,13 @@ never-accepted source (a_1 -> 0) probes every (rows_cost(2) - 1) / 0.008 picks (
 two rows cost 1.5 plain steps), a nearly paying one every 4, and once a probe stands the
 source probes every 4 picks until a_1 has climbed enough to draft on its own. While two
 rows are barely measured, a declined source still probes every 4 picks (public rule).
+
+Across runs (our choice; docs/gate.md "Across runs"). What the gate measures of the machine
+and model -- T(n), rho, each source's per-draft cost and the multi-row forwards since the last
+plain step -- lives in a GateTimings that `next_run()` shares with the next run's gate (an
+Engine keeps the chain). Acceptance belongs to the prompt: the next run starts each estimate
+(and each p-bin) at this run's value, but worth no more than a prior (two verifies), so a new
+prompt moves it as fast as it moves a prior; the counts and the probe state start afresh.
 """
 
 from __future__ import annotations
@@ -90,7 +97,7 @@ class _Avg:
 class _Source:
     acc: list[_Avg]                      # a_j by draft position
     bins: list[_Avg]                     # acceptance given the draft's own p, by bin of p
-    draft: _Avg = field(default_factory=_Avg)   # seconds per draft past the first
+    draft: _Avg = field(default_factory=_Avg)   # seconds per draft past the first (the shared timings' own)
     proposed: list[int] = field(default_factory=list)
     hit: list[int] = field(default_factory=list)
     verifies: int = 0
@@ -113,19 +120,61 @@ def _expected(a: Sequence[float]) -> float:
     return e
 
 
+class GateTimings:
+    """What the gate measures of the machine and model, not of a prompt: T(n) by row count
+    (index n; 0 unused), rho, each source's seconds per draft past the first, and the
+    multi-row forwards since the last plain step (so the refresh plain step also comes in a
+    chain of short runs). Gates of successive runs share one (Gate.next_run)."""
+
+    __slots__ = ("t", "rho", "draft", "since_plain")
+
+    def __init__(self, config: GateConfig):
+        self.t = [_Avg() for _ in range(config.max_drafts + 2)]
+        self.rho = _Avg(config.rho0, 1)
+        self.draft: dict[str, _Avg] = {}
+        self.since_plain = 0
+
+
 class Gate:
-    def __init__(self, config: GateConfig | None = None):
+    def __init__(self, config: GateConfig | None = None, *, timings: GateTimings | None = None):
         self.config = c = config or GateConfig()
         self._max_rows = c.max_drafts + 1
-        self._t = [_Avg() for _ in range(self._max_rows + 1)]   # T(n), index n = rows; 0 unused
-        self._rho = _Avg(c.rho0, 1)
-        self._since_plain = 0
+        if timings is None:
+            timings = GateTimings(c)
+        elif len(timings.t) != self._max_rows + 1:
+            raise ValueError(f"timings hold {len(timings.t) - 1} row counts, the config {self._max_rows}")
+        self.timings = timings
+        self._t = timings.t                  # T(n), index n = rows; 0 unused (shared, never rebound)
+        self._rho = timings.rho
         self._sources: dict[str, _Source] = {}
         for name, prior in c.priors:
             acc = [_Avg(prior[min(j, len(prior) - 1)], c.prior_weight) for j in range(c.max_drafts)]
             bins = [_Avg((b + 0.5) / c.p_bins, c.p_prior_weight) for b in range(c.p_bins)]
             self._sources[name] = _Source(acc=acc, bins=bins, proposed=[0] * c.max_drafts,
-                                          hit=[0] * c.max_drafts)
+                                          hit=[0] * c.max_drafts,
+                                          draft=timings.draft.setdefault(name, _Avg()))
+
+    @property
+    def _since_plain(self) -> int:
+        return self.timings.since_plain
+
+    @_since_plain.setter
+    def _since_plain(self, n: int) -> None:
+        self.timings.since_plain = n
+
+    def next_run(self) -> "Gate":
+        """The gate of the next run on the same machine and model (our choice): it shares this
+        gate's timings (T(n), rho, draft costs, the refresh counter), and each acceptance
+        estimate and p-bin starts at this gate's value with the weight of a prior at most
+        (prior_weight, p_prior_weight), so a different prompt moves it as fast as it moves a
+        prior. Counts and probe state start afresh."""
+        c = self.config
+        nxt = Gate(c, timings=self.timings)
+        for name, s in self._sources.items():
+            n = nxt._sources[name]
+            n.acc = [_Avg(a.x, min(a.w, c.prior_weight)) for a in s.acc]
+            n.bins = [_Avg(b.x, min(b.w, c.p_prior_weight)) for b in s.bins]
+        return nxt
 
     # --- measurements -----------------------------------------------------------------
 
