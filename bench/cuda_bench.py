@@ -73,17 +73,18 @@ def bandwidth(rounds: int = 20) -> float:
     return bw
 
 
-def build(preset: str, layers: int, routing: str, seed: int) -> Engine:
+def build(preset: str, layers: int, routing: str, seed: int, graphs: bool = True):
+    """(engine, checkpoint): keep the checkpoint to build a second engine on the same tensors."""
     cfg = preset_config(preset, layers=layers)
     t = time.perf_counter()
-    ex = Execution.for_device("cuda") if DEVICE == "cuda" else Execution("cpu", torch.bfloat16, 16)
+    ex = Execution.for_device("cuda", graphs=graphs) if DEVICE == "cuda" else Execution("cpu", torch.bfloat16, 16)
     ck = random_checkpoint(cfg, seed=seed, device=DEVICE, routing=routing)
     eng = Engine.from_checkpoint(ck, ex, usage_file=os.devnull)
-    del ck
     _sync()
     mem = torch.cuda.memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0
-    log(f"[build] {preset}, {layers} layers, {routing} routing: {time.perf_counter() - t:.1f} s, {mem:.1f} GiB on the GPU")
-    return eng
+    log(f"[build] {preset}, {layers} layers, {routing} routing, graphs {graphs}: {time.perf_counter() - t:.1f} s, "
+        f"{mem:.1f} GiB on the GPU")
+    return eng, ck
 
 
 PROMPT = [(i * 7919 + 13) % 4000 + 11 for i in range(64)]
@@ -100,6 +101,7 @@ def decode(eng: Engine, n: int, rounds: int, bw: float) -> None:
     ab = active_weight_bytes(_cfg_dict(eng))
     floor = ab / bw                # the issue's limit: every active weight read once at the copy bandwidth
     rates = []
+    eng.generate(PROMPT, settings(n))          # warm-up: graph captures, Triton compiles
     for _ in range(rounds):
         res = eng.generate(PROMPT, settings(n))
         rates.append(_tok_s(res))
@@ -139,8 +141,9 @@ def _distinct_experts(eng: Engine, ids: list[int], state) -> float:
         return orig(m, h, lin, exact)
 
     eng.model.moe = hooked
-    try:
-        eng.model.forward(ids, state)
+    try:   # the batched path (no graphs, which would not call the hook); rolled back by the caller
+        ids_t = torch.tensor(ids, device=eng.model.embed.device)
+        eng.model.core(ids_t, state, state.kv_len, False, False, None)
     finally:
         eng.model.moe = orig
     return statistics.mean(seen)
@@ -154,16 +157,17 @@ def verify(eng: Engine, rounds: int, bw: float, max_rows: int = 6, key: str = "v
     times = {n: [] for n in range(1, max_rows + 1)}
     distinct = {n: [] for n in range(1, max_rows + 1)}
     tok = 17
-    for r in range(rounds):
+    for r in range(-1, rounds):                  # round -1: warm-up (graph captures), not counted
         for n in range(1, max_rows + 1):
             ids = [(tok + 31 * j + 101 * r) % 4000 + 5 for j in range(n)]
             start = st.kv_len
-            times[n].append(sync_time(lambda: m.forward(ids, st, save_slots=n > 1)))
+            t = sync_time(lambda: m.forward(ids, st, save_slots=n > 1))
             st.commit(start, n, 1)
-            if r < 2:   # routing of these rows, on a scratch copy of the state
-                start = st.kv_len
+            if r < 0:
+                continue
+            times[n].append(t)
+            if r < 2:   # routing of these rows (the KV rows it writes are past kv_len; the recurrent state drifts: timing only)
                 distinct[n].append(_distinct_experts(eng, ids, st))
-                st.commit(start, n, 1) if n == 1 else _undo(st, start)
     cfg = _cfg_dict(eng)
     dense = active_weight_bytes({**cfg, "num_experts_per_tok": 0})
     eb = expert_bytes(cfg)
@@ -188,36 +192,47 @@ def _undo(st, start):
     del st.tokens[start:]
 
 
-def overhead(eng: Engine, rounds: int) -> None:
-    """One decode row: the exact padded path vs forward(exact=False) (plain cuBLAS + SDPA, batched ops)."""
-    m = eng.model
-    st = m.new_state(len(PROMPT) + 4 * rounds + 8)
-    m.forward(PROMPT, st)
-    ex, fast = [], []
-    for r in range(rounds):
-        for arm, exact in (("exact", True), ("fast", False)):
+def overhead(eng: Engine, ck, rounds: int) -> None:
+    """One decode row, both graphed, on the same weights: the exact path (every op padded to
+    16 rows) against the same model with nothing padded (cuBLAS's 1-row kernels: the plain
+    decode an engine without the row-invariance promise would run)."""
+    ex1 = Execution(eng.execution.device, eng.execution.dtype, pad_rows=1, graphs=eng.execution.graphs)
+    plain_eng = Engine.from_checkpoint(ck, ex1, usage_file=os.devnull)
+    arms = {"exact": eng.model, "unpadded": plain_eng.model}
+    states = {k: m.new_state(len(PROMPT) + 4 * rounds + 16) for k, m in arms.items()}
+    for k, m in arms.items():
+        m.forward(PROMPT, states[k])
+    times = {k: [] for k in arms}
+    for r in range(-2, rounds):
+        for k, m in arms.items():                # interleaved: exact, unpadded, exact, ...
+            st = states[k]
             start = st.kv_len
-            t = sync_time(lambda: m.forward([42 + r], st, exact=exact))
-            (ex if exact else fast).append(t)
-            _undo(st, start)   # attention rows past kv_len are overwritten; recurrent state drifts (timing only)
-    e, f = statistics.median(ex), statistics.median(fast)
-    RESULTS["overhead"] = {"exact_ms": e * 1e3, "plain_cublas_ms": f * 1e3, "ratio": e / f,
-                           "exact_all": ex, "fast_all": fast}
-    log(f"[overhead] exact (padded) row {e * 1e3:.2f} ms vs plain cuBLAS/SDPA row {f * 1e3:.2f} ms: {e / f:.2f}x")
+            t = sync_time(lambda: m.forward([42 + r % 7], st))
+            st.commit(start, 1, 1)
+            if r >= 0:
+                times[k].append(t)
+    e, f = statistics.median(times["exact"]), statistics.median(times["unpadded"])
+    RESULTS["overhead"] = {"exact_ms": e * 1e3, "unpadded_ms": f * 1e3, "ratio": e / f, "times": times}
+    log(f"[overhead] exact (padded to 16) row {e * 1e3:.3f} ms vs unpadded row {f * 1e3:.3f} ms: {e / f:.3f}x "
+        f"[{min(times['exact']) * 1e3:.3f}-{max(times['exact']) * 1e3:.3f} vs "
+        f"{min(times['unpadded']) * 1e3:.3f}-{max(times['unpadded']) * 1e3:.3f}]")
+    del plain_eng
 
 
 def spec(eng: Engine, n: int, rounds: int, key: str) -> None:
     plain_arm = settings(n)
     rates = {"plain": [], "mtp2_bernoulli": [], "mtp1_bernoulli": []}
     ids_equal = True
-    for _ in range(rounds):
+    for r in range(-1, rounds):                  # round -1: warm-up, not counted
         plain = eng.generate(PROMPT, plain_arm, keep_logits=True)
-        rates["plain"].append(_tok_s(plain))
+        if r >= 0:
+            rates["plain"].append(_tok_s(plain))
         for name, depth, force in (("mtp2_bernoulli", 2, "bernoulli:0.97,0.83"), ("mtp1_bernoulli", 1, "bernoulli:0.97")):
             s = settings(n, mtp="on", mtp_drafts=depth, force=force, reference=tuple(plain.ids), gate=False)
             res = eng.generate(PROMPT, s, keep_logits=True)
             ids_equal &= res.ids == plain.ids and all(torch.equal(a, b) for a, b in zip(res.logits, plain.logits))
-            rates[name].append(_tok_s(res))
+            if r >= 0:
+                rates[name].append(_tok_s(res))
     med = {k: statistics.median(v) for k, v in rates.items()}
     RESULTS[key] = {"rates": rates, "median": med, "ids_and_logits_equal_plain": ids_equal}
     log(f"[{key}] plain {med['plain']:.1f} tok/s; MTP 1 bernoulli 0.97 {med['mtp1_bernoulli']:.1f} "
@@ -229,6 +244,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=40)
     p.add_argument("--preset", default="qwen3.6-35b-a3b-shape")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--cpu-smoke", action="store_true", help="run the logic on the CPU (padded bf16), no timings worth reading")
     p.add_argument("--sections", default="bandwidth,decode,verify,overhead,spec")
     p.add_argument("--tokens", type=int, default=24)
@@ -252,10 +268,10 @@ def main() -> int:
 
     bw = bandwidth() if "bandwidth" in sections and DEVICE == "cuda" else 4.27e12
     save()
-    eng = build(a.preset, a.layers, "independent", 1)
+    eng, ck = build(a.preset, a.layers, "independent", 1, graphs=not a.eager)
     steps = [("decode", lambda: decode(eng, a.tokens, a.rounds, bw)),
              ("verify", lambda: verify(eng, a.rounds + 2, bw)),
-             ("overhead", lambda: overhead(eng, 2 * a.rounds + 2)),
+             ("overhead", lambda: overhead(eng, ck, 4 * a.rounds + 4)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:
         if name in sections:
@@ -266,11 +282,11 @@ def main() -> int:
                 log(f"[{name}] FAILED: {e!r}")
             save()
     if "spec" in sections:
-        del eng
+        del eng, ck, steps
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
         try:
-            eng = build(a.preset, a.layers, "correlated", 2)
+            eng, ck = build(a.preset, a.layers, "correlated", 2, graphs=not a.eager)
             verify(eng, a.rounds, bw, key="verify_correlated")
             spec(eng, a.tokens, a.rounds, "spec_correlated")
         except Exception as e:

@@ -16,7 +16,7 @@ from verispec.engine import Engine  # noqa: E402
 from verispec.execution import PAD_ROWS, Execution  # noqa: E402
 from verispec.models.layers import Padded, gated_rms_norm, l2_norm, rms_norm, rowwise  # noqa: E402
 from verispec.models.qwen3_next import padded_linear  # noqa: E402
-from verispec.ops import attention, deltanet  # noqa: E402
+from verispec.ops import attention, cuda_moe, deltanet  # noqa: E402
 from verispec.random_model import preset_config, random_checkpoint  # noqa: E402
 
 ROWS = list(range(1, 9)) + [12, 16]
@@ -65,6 +65,18 @@ def test_norms_and_elementwise_rows():
         _batched_invariant(lambda x, f=f: rowwise(f, x, exact=P), _rand(16, 4096))
 
 
+def test_norm_kernels_match_torch():
+    from verispec.models import layers
+    from verispec.ops import cuda_norms
+    assert cuda_norms.usable(_rand(2, 2))
+    x, w, z = _rand(16, 32, 128), _rand(128) * 0.1, _rand(16, 32, 128)
+    pairs = [(rms_norm(x, w, 1e-6, P), layers._rms_norm(x, w, 1e-6)),
+             (l2_norm(x.float(), rows=P), x.float() * torch.rsqrt((x.float() ** 2).sum(-1, keepdim=True) + 1e-6)),
+             (gated_rms_norm(x, z, w + 1, 1e-6, P), layers._gated_rms_norm(x, z, w + 1, 1e-6, layers.BATCH))]
+    for got, ref in pairs:
+        assert (got.float() - ref.float()).norm() / ref.float().norm() < 1e-2
+
+
 def test_router_rows():
     def route(x):
         probs = torch.softmax(x.float(), -1)
@@ -82,6 +94,37 @@ def test_attention_rows_over_a_long_cache():
         out = attention.attend_rows(q[:m], kc, vc, n, hd ** -0.5)
         for i in range(m):
             assert torch.equal(out[i:i + 1], single[i]), (m, i)
+
+
+def test_static_attention_rows():
+    """attend_static (the graphed path): every row count and position, one launch shape."""
+    kv, heads, hd, n = 2, 16, 256, 1000
+    kc, vc = _rand(kv, n + 16, hd), _rand(kv, n + 16, hd)
+    q = _rand(16, heads, hd)
+    pos = torch.arange(16, device="cuda") + n
+    single = [attention.attend_static(q[i:i + 1], kc, vc, pos[i:i + 1], hd ** -0.5, PAD_ROWS) for i in range(16)]
+    for m in ROWS:
+        out = attention.attend_static(q[:m], kc, vc, pos[:m], hd ** -0.5, PAD_ROWS)
+        for i in range(m):
+            assert torch.equal(out[i:i + 1], single[i]), (m, i)
+    # and it is attention: close to the per-row kernel over each row's own prefix
+    ref = attention.attend_rows(q, kc, vc, n, hd ** -0.5)
+    got = attention.attend_static(q, kc, vc, pos, hd ** -0.5, PAD_ROWS)
+    assert (got.float() - ref.float()).norm() / ref.float().norm() < 1e-2
+
+
+def test_routed_experts_rows_and_reference():
+    assert cuda_moe.available(torch.device("cuda")), "Triton is needed on the GPU"
+    e, inter, h, k = 256, 512, 2048, 8
+    x = _rand(16, h)
+    gu = _rand(e, 2 * inter, h) * h ** -0.5
+    dn = _rand(e, h, inter) * inter ** -0.5
+    w, i = torch.topk(torch.softmax(torch.randn(16, e, device="cuda"), -1), k, -1)
+    full = cuda_moe.routed_experts(x, w, i, gu, dn)
+    for m in ROWS:
+        assert torch.equal(cuda_moe.routed_experts(x[:m], w[:m], i[:m], gu, dn), full[:m]), m
+    ref = cuda_moe._routed_experts_torch(x[:3], w[:3], i[:3], gu, dn)
+    assert (full[:3].float() - ref.float()).norm() / ref.float().norm() < 2e-2
 
 
 def test_deltanet_rows_and_copy_slots():
@@ -115,6 +158,19 @@ def _model_rows(model, n: int):
     ones = torch.cat([model.forward([t], st1).logits for t in ids])
     many = model.forward(ids, stn).logits
     return ones, many
+
+
+def test_graphs_equal_the_eager_padded_path():
+    """Graph replays run the eager padded kernels: same logits, bit for bit, every row count."""
+    ck = random_checkpoint(preset_config("qwen3.6-35b-a3b-shape", layers=4), seed=13, device="cuda")
+    graphed = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=True)).model
+    eager = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=False)).model
+    assert graphed.graphs is not None and eager.graphs is None
+    for n in (1, 2, 5, 16):
+        g1, gn = _model_rows(graphed, n)
+        e1, en = _model_rows(eager, n)
+        assert torch.equal(g1, e1) and torch.equal(gn, en) and torch.equal(gn, g1), n
+    assert graphed.graphs.captures >= 4
 
 
 @pytest.fixture(scope="module")

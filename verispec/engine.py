@@ -137,7 +137,8 @@ class Engine:
         # only a gate that decides joins the chain (--gate off: its own, discarded)
         gate = (prev.next_run() if self.keep_gate and d.gate and prev is not None and prev.config == config
                 else Gate(config))
-        state = state or self.model.new_state(self.context_for(len(prompt), settings))
+        if state is None:
+            state = self._fresh_state(self.context_for(len(prompt), settings))
         sources = []
         if d.force is not None:
             mode = ForceMode.parse(d.force)
@@ -158,6 +159,17 @@ class Engine:
             self.last_gate = gate
         return Decoder(self.model, state, sources=sources, gate=gate if sources else None, clock=clock,
                        config=DecoderConfig(prefill_batch=settings.prefill_batch))
+
+    def _fresh_state(self, max_len: int):
+        """A new sequence's state. With CUDA graphs the last one of the same size is reset and
+        reused: the graphs hold its tensors' addresses, so reuse spares a re-capture per run."""
+        if self.model.graphs is None:
+            return self.model.new_state(max_len)
+        st = getattr(self, "_graph_state", None)
+        if st is None or st.shapes.max_len != max_len:
+            st = self._graph_state = self.model.new_state(max_len)
+        st.reset()
+        return st
 
     def generate(self, prompt: list[int], settings: RunSettings, *, keep_logits: bool = False,
                  on_token: Callable[[int, torch.Tensor], bool | None] | None = None, decoder: Decoder | None = None,

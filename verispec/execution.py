@@ -22,6 +22,7 @@ class Execution:
     device: str = "cpu"                 # "cpu" or "cuda[:i]"
     dtype: torch.dtype = torch.float32  # weights and activations
     pad_rows: int = 0                   # 0: the CPU row policy; n: pad the exact path to n rows
+    graphs: bool = False                # CUDA graphs for the exact path (verispec/cuda_graphs.py)
 
     @property
     def torch_device(self) -> torch.device:
@@ -32,8 +33,8 @@ class Execution:
         return self.torch_device.type == "cuda"
 
     @staticmethod
-    def for_device(name: str = "cpu") -> "Execution":
-        """`cpu`, `cuda`, `cuda:N` or `auto` (CUDA when torch sees a GPU)."""
+    def for_device(name: str = "cpu", graphs: bool = True) -> "Execution":
+        """`cpu`, `cuda`, `cuda:N` or `auto` (CUDA when torch sees a GPU); graphs: CUDA graphs on CUDA."""
         if name == "auto":
             name = "cuda" if torch.cuda.is_available() else "cpu"
         if name == "cpu":
@@ -42,5 +43,5 @@ class Execution:
             if not torch.cuda.is_available():
                 raise UsageError(f"--device {name}: torch sees no CUDA GPU here (torch {torch.__version__}); "
                                  "use --device cpu")
-            return Execution(name, torch.bfloat16, PAD_ROWS)
+            return Execution(name, torch.bfloat16, PAD_ROWS, graphs=graphs)
         raise UsageError(f"unknown device {name!r}: expected cpu, cuda, cuda:N or auto")

@@ -88,6 +88,9 @@ class State:
     slots: list[RecurrentState] = field(default_factory=list)
     # Tests inject allocation failures here; (shape, dtype) -> tensor.
     slot_alloc: Callable = torch.empty
+    # CUDA graphs hold the tensors' addresses: commit then copies the slot into the live state
+    # instead of swapping the two (verispec/cuda_graphs.py sets it).
+    copy_commit: bool = False
 
     @staticmethod
     def allocate(s: StateShapes) -> "State":
@@ -121,8 +124,19 @@ class State:
         del self.tokens[start_len + keep:]
         if keep < rows:
             slot = self.slots[keep - 1]
+            if self.copy_commit:
+                for layer in range(len(slot.conv)):
+                    self.recurrent.copy_layer_from(slot, layer)
+                return
             self.slots[keep - 1] = self.recurrent
             self.recurrent = slot
+
+    def reset(self) -> None:
+        """An empty sequence again, in the same tensors (so CUDA graphs bound to them stay valid)."""
+        self.kv_len = 0
+        self.tokens.clear()
+        for t in self.recurrent.conv + self.recurrent.rec:
+            t.zero_()
 
     def restore(self, snap: dict) -> None:
         """Bring the state back to a snapshot() of a state of the same shapes."""

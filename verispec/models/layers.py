@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..ops import cuda_norms
+
 
 class Rows:
     """A row policy: `elementwise` wraps transcendental elementwise ops, `reduce` wraps
@@ -91,6 +93,8 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows=False) -> torch.Tensor:
     """Zero-centred RMSNorm: x / rms(x) * (1 + w), in fp32 (Qwen3NextRMSNorm)."""
+    if cuda_norms.usable(x):      # one program per row: invariant without padding
+        return cuda_norms.row_norm(x, cuda_norms.ZC, eps, weight)
     return policy(rows).reduce(lambda t: _rms_norm(t, weight, eps), x)
 
 
@@ -105,12 +109,16 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
                    exact=True) -> torch.Tensor:
     """DeltaNet output norm: plain-weight RMSNorm, then times silu(gate)."""
     rp = policy(exact)
+    if cuda_norms.usable(x):
+        return cuda_norms.row_norm(x, cuda_norms.GATED, eps, weight, gate)
     if isinstance(rp, Padded):
         return rp.reduce(lambda a, b: _gated_rms_norm(a, b, weight, eps, BATCH), x, gate)
     return _gated_rms_norm(x, gate, weight, eps, rp)
 
 
 def l2_norm(x: torch.Tensor, eps: float = 1e-6, rows=False) -> torch.Tensor:
+    if cuda_norms.usable(x):
+        return cuda_norms.row_norm(x, cuda_norms.L2, eps)
     return policy(rows).reduce(lambda t: t * torch.rsqrt((t * t).sum(dim=-1, keepdim=True) + eps), x)
 
 
@@ -138,6 +146,13 @@ class RopeTable:
         freqs = pos[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(self.device), emb.sin().to(self.device)
+
+    def at(self, pos: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows for positions held in a device tensor (no host read: CUDA graphs); the table
+        is grown to `limit` positions first."""
+        if limit > self.cos.shape[0]:
+            self._grow(limit)
+        return self.cos[pos], self.sin[pos]
 
     def get(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         if start + n > self.cos.shape[0]:

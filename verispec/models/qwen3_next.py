@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
+from ..ops import cuda_moe
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -188,6 +189,8 @@ class MoE:
     shared_down: torch.Tensor          # [H, Is]
     experts_gu: list[torch.Tensor]     # per expert [2I, H] (gate rows, then up rows)
     experts_down: list[torch.Tensor]   # per expert [H, I]
+    gu_all: torch.Tensor               # [E, 2I, H]: the experts above are views of these
+    down_all: torch.Tensor             # [E, H, I]
     n_experts: int
     top_k: int
     norm_topk: bool
@@ -236,19 +239,19 @@ def load_moe(w: _Weights, p: str, a: ModelArgs) -> MoE:
     su = w.pop(f"{p}.shared_expert.up_proj.weight", (si, h))
     sd = w.pop(f"{p}.shared_expert.down_proj.weight", (h, si))
     if w.has(f"{p}.experts.gate_up_proj"):   # fused expert tensors (transformers' layout)
-        gu = w.pop(f"{p}.experts.gate_up_proj", (e, 2 * inter, h))
-        dn = w.pop(f"{p}.experts.down_proj", (e, h, inter))
-        gus = [gu[i].contiguous() for i in range(e)]
-        downs = [dn[i].contiguous() for i in range(e)]
+        gu = w.pop(f"{p}.experts.gate_up_proj", (e, 2 * inter, h)).contiguous()
+        dn = w.pop(f"{p}.experts.down_proj", (e, h, inter)).contiguous()
     else:
         gus, downs = [], []
         for i in range(e):
             g = w.pop(f"{p}.experts.{i}.gate_proj.weight", (inter, h))
             u = w.pop(f"{p}.experts.{i}.up_proj.weight", (inter, h))
-            gus.append(torch.cat([g, u], 0).contiguous())
+            gus.append(torch.cat([g, u], 0))
             downs.append(w.pop(f"{p}.experts.{i}.down_proj.weight", (h, inter)))
+        gu, dn = torch.stack(gus), torch.stack(downs)
     pre = torch.cat([router, sgate, sg, su], 0).contiguous()
-    return MoE(pre, sd, gus, downs, e, a.num_experts_per_tok, a.norm_topk_prob, si)
+    return MoE(pre, sd, [gu[i] for i in range(e)], [dn[i] for i in range(e)], gu, dn, e, a.num_experts_per_tok,
+               a.norm_topk_prob, si)
 
 
 def load_full_attn(w: _Weights, p: str, a: ModelArgs, index: int) -> FullAttn:
@@ -303,6 +306,7 @@ class Model:
             # weights move one at a time, so peak host memory is the checkpoint's, not twice it
             tensors = {k: v.to(device=ex.torch_device, dtype=ex.dtype if v.is_floating_point() else v.dtype)
                        for k, v in tensors.items()}
+        self.graphs = None          # a CUDA-graph runner for the exact path (verispec/cuda_graphs.py)
         if ex.pad_rows:
             self.rows_exact, self.lin_exact, self.lin_fast = Padded(ex.pad_rows), padded_linear(ex.pad_rows), F.linear
         else:
@@ -340,6 +344,9 @@ class Model:
             raise ModelFormatError("checkpoint is missing tensor lm_head.weight (and tie_word_embeddings is false)")
         w.finish()
         self.rope = RopeTable(a.head_dim, a.partial_rotary_factor, a.rope_theta, ex.torch_device)
+        if ex.graphs and ex.is_cuda:
+            from ..cuda_graphs import GraphedForward
+            self.graphs = GraphedForward(self, ex.pad_rows)
 
     # ----- state -----
     def new_state(self, max_len: int) -> State:
@@ -386,25 +393,39 @@ class Model:
             raise ValueError("save_slots needs rows-1 copy slots")
         if exact and isinstance(self.rows_exact, Padded) and rows > self.rows_exact.n:
             raise ValueError(f"an exact forward on {self.exec.device} takes at most {self.rows_exact.n} rows")
+        if exact and self.graphs is not None:
+            out = self.graphs.forward(ids, state, save_slots)
+        else:
+            pos = None
+            if exact and isinstance(self.rows_exact, Padded):   # positions on the device: no host value in the math
+                pos = torch.arange(rows, device=self.embed.device) + start
+            out = ForwardOut(*self.core(ids.to(self.embed.device), state, start, exact, save_slots, pos))
+        state.kv_len = start + rows
+        state.tokens.extend(ids.tolist())
+        return out
+
+    def core(self, ids: torch.Tensor, state: State, start: int, exact: bool, save_slots: bool,
+             pos: torch.Tensor | None):
+        """The forward's device work: (logits [rows, V] fp32, hidden, hidden before the norm).
+        With `pos` (the padded policy) nothing here reads a host value that changes from step
+        to step, so CUDA graphs can capture it; `start` then only sizes nothing but checks."""
         lin = self.lin_exact if exact else self.lin_fast
         rp = self.rows_exact if exact else BATCH
         eps = self.args.rms_norm_eps
-        x = self.embed[ids.to(self.embed.device)]               # [rows, H]
+        x = self.embed[ids]                                     # [rows, H]
         for layer in self.layers:
             h = rms_norm(x, layer.in_norm, eps, rp)
             if isinstance(layer.mixer, LinearAttn):
                 h = self._linear_attn(layer.mixer, h, state, rp, save_slots, lin)
             else:
-                h = self._full_attn(layer.mixer, h, state, start, rp, lin)
+                h = self._full_attn(layer.mixer, h, state, start, rp, lin, pos=pos)
             x = x + h
             h = rms_norm(x, layer.post_norm, eps, rp)
             x = x + (self.moe(layer.mlp, h, lin, rp) if isinstance(layer.mlp, MoE)
                  else self.dense(layer.mlp, h, lin, rp))
         hidden = rms_norm(x, self.norm, eps, rp)
         logits = lin(hidden, self.lm_head).float()
-        state.kv_len = start + rows
-        state.tokens.extend(ids.tolist())
-        return ForwardOut(logits, hidden, x)
+        return logits, hidden, x
 
     def _linear_attn(self, m: LinearAttn, h, state: State, exact, save_slots, lin):
         a = self.args
@@ -441,18 +462,28 @@ class Model:
         o = gated_rms_norm(o.to(h.dtype), z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
         return lin(o.reshape(rows, vd), m.out)
 
-    def _full_attn(self, m: FullAttn, h, state: State, start, exact, lin, pos_offset: int = 0):
+    def _full_attn(self, m: FullAttn, h, state: State, start, exact, lin, pos_offset: int = 0,
+                   pos: torch.Tensor | None = None):
         """Gated attention; rows are written to the cache at start.. and rotated at
-        positions start+pos_offset.. (the MTP head's pair p sits at index p, position p+1)."""
+        positions start+pos_offset.. (the MTP head's pair p sits at index p, position p+1).
+        With `pos` (device positions of the rows, the padded policy) the same happens with
+        shapes that never change: index writes, table gathers, attend_static."""
         a = self.args
         rp = policy(exact)
         rows = h.shape[0]
         nh, hd = a.num_attention_heads, a.head_dim
-        q, gate, k, v = self.qkv(m, h, start + pos_offset, lin, rp)
         kc, vc = state.k[m.index], state.v[m.index]
+        scale = hd ** -0.5
+        if pos is not None:
+            q, gate, k, v = self.qkv(m, h, pos, lin, rp, limit=kc.shape[1])
+            kc.index_copy_(1, pos, k.transpose(0, 1))
+            vc.index_copy_(1, pos, v.transpose(0, 1))
+            o = attn_ops.attend_static(q, kc, vc, pos, scale, rp.n)
+            o = o.reshape(rows, nh * hd) * rowwise(torch.sigmoid, gate, exact=rp)
+            return lin(o, m.out)
+        q, gate, k, v = self.qkv(m, h, start + pos_offset, lin, rp)
         kc[:, start:start + rows] = k.transpose(0, 1)
         vc[:, start:start + rows] = v.transpose(0, 1)
-        scale = hd ** -0.5
         if rp is not BATCH:
             o = attn_ops.attend_rows(q, kc, vc, start, scale)
         else:
@@ -460,7 +491,7 @@ class Model:
         o = o.reshape(rows, nh * hd) * rowwise(torch.sigmoid, gate, exact=rp)
         return lin(o, m.out)
 
-    def qkv(self, m: FullAttn, h, pos: int, lin, rows=BATCH):
+    def qkv(self, m: FullAttn, h, pos, lin, rows=BATCH, limit: int = 0):
         """q [rows, heads, hd], gate [rows, heads*hd], k and v [rows, kv_heads, hd], rotated."""
         a = self.args
         rows = h.shape[0]
@@ -472,7 +503,10 @@ class Model:
         v = proj[:, 2 * nh * hd + nkv * hd:].view(rows, nkv, hd)
         q = rms_norm(q, m.q_norm, a.rms_norm_eps, rows)
         k = rms_norm(k, m.k_norm, a.rms_norm_eps, rows)
-        cos, sin = self.rope.get(pos, rows)
+        if isinstance(pos, torch.Tensor):
+            cos, sin = self.rope.at(pos, limit)
+        else:
+            cos, sin = self.rope.get(pos, rows)
         return apply_rope(q, cos, sin), gate, apply_rope(k, cos, sin), v
 
     def moe(self, m: MoE, h, lin, exact):
@@ -488,6 +522,11 @@ class Model:
             return top_w, top_i
 
         top_w, top_i = exact.reduce(route, pre[:, :e])
+        shared = lin(silu_mul(pre[:, e + 1:e + 1 + si], pre[:, e + 1 + si:], exact), m.shared_down)
+        gated = rowwise(torch.sigmoid, pre[:, e:e + 1], exact=exact) * shared
+        if isinstance(exact, Padded) or cuda_moe.available(h.device):
+            # expert ids stay on the device: no host sync, capturable, one program per (row, slot)
+            return cuda_moe.routed_experts(h, top_w, top_i, m.gu_all, m.down_all) + gated
         out = torch.zeros_like(h)
         # Experts in ascending id, each adding into its rows: a row's sum order is its
         # own experts' order, whatever the other rows routed to.
@@ -498,8 +537,7 @@ class Model:
             inter = gu.shape[1] // 2
             y = lin(silu_mul(gu[:, :inter], gu[:, inter:], exact), m.experts_down[ex])
             out[rr] += y * top_w[rr, slot, None]   # rr are distinct; index_add_ is slow with 2 threads
-        shared = lin(silu_mul(pre[:, e + 1:e + 1 + si], pre[:, e + 1 + si:], exact), m.shared_down)
-        return out + rowwise(torch.sigmoid, pre[:, e:e + 1], exact=exact) * shared
+        return out + gated
 
     def dense(self, m: DenseMLP, h, lin, exact):
         inter = m.gu.shape[0] // 2

@@ -40,3 +40,26 @@ def attend_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     mask = torch.ones(rows, n, dtype=torch.bool, device=q.device).tril(diagonal=start)
     o = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=scale)
     return o.transpose(0, 1)
+
+
+def attend_static(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, scale: float,
+                  n_rows: int) -> torch.Tensor:
+    """Row-invariant attention with shapes that never change (the GPU path; CUDA graphs).
+
+    q [rows, heads, hd]; pos [rows] absolute positions on q's device. The rows are padded to
+    n_rows and every row attends over the whole cache with the keys after its position masked
+    out, so one launch of fixed shape serves every row count and every position: a masked key
+    adds exactly zero, and row i's scores and sums involve row i alone."""
+    rows, heads, hd = q.shape
+    kvh, length, _ = k_cache.shape
+    g = heads // kvh
+    if rows < n_rows:
+        q = torch.cat([q, q.new_zeros(n_rows - rows, heads, hd)])
+        pos = torch.cat([pos, pos[-1:].expand(n_rows - rows)])
+    qg = q.view(n_rows, kvh, g, hd).permute(1, 0, 2, 3).reshape(kvh, n_rows * g, hd)
+    scores = torch.bmm(qg, k_cache.transpose(1, 2)).float() * scale              # [kvh, n*g, L]
+    masked = torch.arange(length, device=q.device)[None, :] > pos[:, None]        # [n, L]
+    masked = masked[:, None, :].expand(n_rows, g, length).reshape(1, n_rows * g, length)
+    probs = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1).to(v_cache.dtype)
+    out = torch.bmm(probs, v_cache)                                               # [kvh, n*g, hd]
+    return out.view(kvh, n_rows, g, hd).permute(1, 0, 2, 3).reshape(n_rows, heads, hd)[:rows]

@@ -1,0 +1,62 @@
+"""Row norms on the GPU in one launch: one Triton program per row (or per row and head).
+
+A torch RMSNorm is about ten kernels (cast, square, mean, add, rsqrt, ...) and, padded to
+16 rows for row invariance, two more; a decode step of a 40-layer hybrid runs five such
+norms per layer. Here each program reads one row, reduces it in a fixed order and writes
+it: its bits depend on its own row alone, whatever the launch size, so no padding is needed.
+
+Modes (all arithmetic in fp32, the result in the output's dtype):
+  ZC     Qwen3-Next RMSNorm:  x * rsqrt(mean(x^2) + eps) * (1 + w)
+  L2     the q/k L2 norm:      x * rsqrt(sum(x^2) + eps)
+  GATED  the DeltaNet output:  w * bf16(x * rsqrt(mean(x^2) + eps)) * silu(z)
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+ZC, L2, GATED = 0, 1, 2
+enabled = True   # tests and benchmarks switch the kernels off to compare with the torch path
+
+if triton is not None:
+    @triton.jit
+    def _row_norm(x_ptr, w_ptr, z_ptr, y_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        m = offs < N
+        x = tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
+        ss = tl.sum(x * x, axis=0)
+        if MODE == 1:
+            y = x * tl.math.rsqrt(ss + eps)
+        else:
+            y = x * tl.math.rsqrt(ss / N + eps)
+            w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            if MODE == 0:
+                y = y * (1.0 + w)
+            else:
+                z = tl.load(z_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
+                y = w * y.to(y_ptr.dtype.element_ty).to(tl.float32)
+                y = y * (z * tl.sigmoid(z))
+        tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def usable(x: torch.Tensor) -> bool:
+    return enabled and triton is not None and x.is_cuda
+
+
+def row_norm(x: torch.Tensor, mode: int, eps: float, weight: torch.Tensor | None = None,
+             gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Norm along the last dimension of x (any leading shape); one program per leading index."""
+    n = x.shape[-1]
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    w = weight.contiguous() if weight is not None else xc
+    z = gate.contiguous() if gate is not None else xc
+    _row_norm[(xc.numel() // n,)](xc, w, z, y, eps, N=n, BLOCK=triton.next_power_of_2(n), MODE=mode)
+    return y
