@@ -150,6 +150,43 @@ def test_deltanet_rows_and_copy_slots():
         assert torch.equal(r1, r2)
 
 
+def test_deltanet_kernels_rows_slots_and_reference():
+    from verispec.ops import cuda_deltanet as cd
+    assert cd.usable(torch.zeros(1, device="cuda"))
+    hv, dk, dv, c = 32, 128, 128, 8192
+    q = F.normalize(torch.randn(16, hv, dk, device="cuda"), dim=-1) * dk ** -0.5
+    k = F.normalize(torch.randn(16, hv, dk, device="cuda"), dim=-1)
+    v = torch.randn(16, hv, dv, device="cuda")
+    g, beta = -torch.rand(16, hv, device="cuda"), torch.rand(16, hv, device="cuda")
+    x, cw, r0 = _rand(16, c), _rand(c, 4), _rand(c, 3)
+    s0 = torch.randn(hv, dk, dv, device="cuda") * 0.1
+    for m in ROWS:
+        s1, r1 = s0.clone(), r0.clone()
+        slots = [torch.zeros_like(s0) for _ in range(m)]
+        cslots = [torch.zeros_like(r0) for _ in range(m)]
+        many = cd.delta_rule_rows(q[:m], k[:m], v[:m], g[:m], beta[:m], s1, slots)
+        conv = cd.conv_rows(x[:m], r1, cw, cslots)
+        s2, r2 = s0.clone(), r0.clone()
+        for i in range(m):
+            assert torch.equal(many[i:i + 1], cd.delta_rule_rows(q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1],
+                                                                 beta[i:i + 1], s2, [])), (m, i)
+            assert torch.equal(slots[i], s2), (m, i)
+            assert torch.equal(conv[i:i + 1], cd.conv_rows(x[i:i + 1], r2, cw, [])), (m, i)
+            assert torch.equal(cslots[i], r2), (m, i)
+    # against the torch recurrence and conv (fp32 state: close; bf16 conv: within bf16 rounding)
+    s1, s2, r1, r2 = s0.clone(), s0.clone(), r0.clone(), r0.clone()
+    got = cd.delta_rule_rows(q, k, v, g, beta, s1, [])
+    ref = torch.empty_like(got)
+    for i in range(16):
+        s2.mul_(g[i].exp()[:, None, None])
+        d = (v[i] - torch.bmm(k[i][:, None, :], s2)[:, 0]) * beta[i][:, None]
+        s2.add_(k[i][:, :, None] * d[:, None, :])
+        ref[i] = torch.bmm(q[i][:, None, :], s2)[:, 0]
+    assert (got - ref).norm() / ref.norm() < 1e-4 and (s1 - s2).norm() / s2.norm() < 1e-4
+    a, b = cd.conv_rows(x, r1, cw, []), deltanet.conv_rows(x, r2, cw)
+    assert (a.float() - b.float()).norm() / b.float().norm() < 2e-2 and torch.equal(r1, r2)
+
+
 def _model_rows(model, n: int):
     st1, stn = model.new_state(64), model.new_state(64)
     model.forward(REPEAT_PROMPT, st1)

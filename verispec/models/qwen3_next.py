@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
-from ..ops import cuda_moe
+from ..ops import cuda_deltanet, cuda_moe
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -449,7 +449,16 @@ class Model:
                     state.slots[r].rec[m.index].copy_(rec)
         else:
             save_conv = save_rec = None
-        if rp is not BATCH:
+        kernels = cuda_deltanet.usable(ring)
+        if kernels:   # one launch per row, the copy slots written by the kernels themselves
+            save_conv = save_rec = None
+            conv_slots = [state.slots[r].conv[m.index] if save_slots and r < rows - 1 else None for r in range(rows)]
+            rec_slots = [state.slots[r].rec[m.index] if save_slots and r < rows - 1 else None for r in range(rows)]
+        else:
+            conv_slots = rec_slots = None
+        if rp is not BATCH and kernels:
+            mixed = cuda_deltanet.conv_rows(mixed, ring, m.conv, conv_slots)
+        elif rp is not BATCH:
             mixed = dn_ops.conv_rows(mixed, ring, m.conv, on_row=save_conv)
         else:
             mixed = dn_ops.conv_prefill(mixed, ring, m.conv)
@@ -458,7 +467,7 @@ class Model:
         v = mixed[:, 2 * kd:].reshape(rows, hv, a.linear_value_head_dim)
         beta = rowwise(torch.sigmoid, b, exact=rp)
         g = -m.a_log_exp * rowwise(F.softplus, a_.float() + m.dt_bias, exact=rp)
-        o = dn_ops.delta_rule_rows(q, k, v, g, beta, rec, on_row=save_rec, rows_policy=rp)   # [rows, Hv, dv]
+        o = dn_ops.delta_rule_rows(q, k, v, g, beta, rec, on_row=save_rec, rows_policy=rp, slots=rec_slots)
         o = gated_rms_norm(o.to(h.dtype), z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
         return lin(o.reshape(rows, vd), m.out)
 

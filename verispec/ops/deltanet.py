@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.layers import l2_norm
+from . import cuda_deltanet
 
 
 def conv_rows(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor,
@@ -46,24 +47,35 @@ def conv_prefill(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor) -> t
     return F.silu(out.t())
 
 
-def delta_rule_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                    state: torch.Tensor, on_row: Callable[[int], None] | None = None, rows_policy=False) -> torch.Tensor:
-    """The gated delta rule, one row at a time; state [Hv, dk, dv] fp32, updated in place.
-
-    q, k [rows, Hk, dk]; v [rows, Hv, dv]; g, beta [rows, Hv]. Returns [rows, Hv, dv] fp32.
-    `rows_policy` runs the q/k L2 norms (the one batched reduction here).
-    """
-    rows, hk, dk = q.shape
-    hv = v.shape[1]
-    rep = hv // hk
+def prepare(q, k, v, g, beta, rows_policy=False):
+    """The recurrence's inputs in fp32: q, k L2-normed (q scaled by dk^-0.5) and repeated to the
+    value heads."""
+    hk, dk = q.shape[1], q.shape[2]
+    rep = v.shape[1] // hk
     q = l2_norm(q.float(), rows=rows_policy) * (dk ** -0.5)
     k = l2_norm(k.float(), rows=rows_policy)
     if rep > 1:
         q = q.repeat_interleave(rep, dim=1)
         k = k.repeat_interleave(rep, dim=1)
-    g = g.float()
-    beta = beta.float()
-    v = v.float()
+    return q, k, v.float(), g.float(), beta.float()
+
+
+def delta_rule_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    state: torch.Tensor, on_row: Callable[[int], None] | None = None, rows_policy=False,
+                    slots: list | None = None) -> torch.Tensor:
+    """The gated delta rule, one row at a time; state [Hv, dk, dv] fp32, updated in place.
+
+    q, k [rows, Hk, dk]; v [rows, Hv, dv]; g, beta [rows, Hv]. Returns [rows, Hv, dv] fp32.
+    `rows_policy` runs the q/k L2 norms (the one batched reduction here). The state after row
+    r goes to `on_row(r)` (torch) or straight into `slots[r]` (the GPU kernel; None: no copy).
+    """
+    rows = q.shape[0]
+    hv = v.shape[1]
+    q, k, v, g, beta = prepare(q, k, v, g, beta, rows_policy)
+    if on_row is None and cuda_deltanet.usable(state):
+        return cuda_deltanet.delta_rule_rows(q, k, v, g, beta, state, slots or [])
+    if slots:
+        raise ValueError("slots are written by the GPU kernel only; use on_row")
     out = torch.empty(rows, hv, v.shape[2], dtype=torch.float32, device=v.device)
     for m in range(rows):
         state.mul_(g[m].exp()[:, None, None])

@@ -1,0 +1,104 @@
+"""The causal conv and the gated delta rule on the GPU: one Triton launch per row.
+
+In torch a row of the recurrence is about ten kernels per layer and the conv about nine;
+a verify of 5 rows through 30 DeltaNet layers is then ~3000 launches for these two alone.
+Each kernel here does one row's whole step (and writes the state after it straight into the
+row's copy slot when asked), and it is always the same compiled kernel for every row of
+every forward, so a row's bits cannot depend on how many rows the forward carries.
+
+  conv:   out = silu(sum_j ring[:, j] * w[:, j] + x * w[:, K-1]); ring <- (ring[:, 1:], x)
+  delta:  S *= exp(g); kv = S^T k; S += k (beta (v - kv))^T; o = S^T q      (per value head)
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+enabled = True
+
+if triton is not None:
+    @triton.jit
+    def _conv_row(x_ptr, ring_ptr, w_ptr, out_ptr, slot_ptr, C: tl.constexpr, K: tl.constexpr,
+                  BLOCK: tl.constexpr, SAVE: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < C
+        x = tl.load(x_ptr + offs, mask=m, other=0.0)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for j in tl.static_range(0, K - 1):
+            r = tl.load(ring_ptr + offs * (K - 1) + j, mask=m, other=0.0).to(tl.float32)
+            acc += r * tl.load(w_ptr + offs * K + j, mask=m, other=0.0).to(tl.float32)
+        acc += x.to(tl.float32) * tl.load(w_ptr + offs * K + (K - 1), mask=m, other=0.0).to(tl.float32)
+        tl.store(out_ptr + offs, (acc * tl.sigmoid(acc)).to(out_ptr.dtype.element_ty), mask=m)
+        # shift the ring by one column: column j+1 is read before it is overwritten (each
+        # element is read and written by the same thread, in program order)
+        for j in tl.static_range(0, K - 2):
+            col = tl.load(ring_ptr + offs * (K - 1) + j + 1, mask=m, other=0.0)
+            tl.store(ring_ptr + offs * (K - 1) + j, col, mask=m)
+            if SAVE:
+                tl.store(slot_ptr + offs * (K - 1) + j, col, mask=m)
+        tl.store(ring_ptr + offs * (K - 1) + (K - 2), x, mask=m)
+        if SAVE:
+            tl.store(slot_ptr + offs * (K - 1) + (K - 2), x, mask=m)
+
+    @triton.jit
+    def _delta_row(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr, slot_ptr, HV: tl.constexpr,
+                   DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, SAVE: tl.constexpr):
+        h = tl.program_id(0)
+        vb = tl.program_id(1)
+        offs_k = tl.arange(0, DK)
+        offs_v = vb * BV + tl.arange(0, BV)
+        cell = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+        st = tl.load(s_ptr + cell)                                     # [DK, BV] fp32
+        kk = tl.load(k_ptr + h * DK + offs_k)
+        qq = tl.load(q_ptr + h * DK + offs_k)
+        vv = tl.load(v_ptr + h * DV + offs_v)
+        st = st * tl.exp(tl.load(g_ptr + h))
+        kv = tl.sum(st * kk[:, None], axis=0)                          # [BV]
+        delta = (vv - kv) * tl.load(b_ptr + h)
+        st = st + kk[:, None] * delta[None, :]
+        tl.store(o_ptr + h * DV + offs_v, tl.sum(st * qq[:, None], axis=0))
+        tl.store(s_ptr + cell, st)
+        if SAVE:
+            tl.store(slot_ptr + cell, st)
+
+
+def usable(x: torch.Tensor) -> bool:
+    return enabled and triton is not None and x.is_cuda
+
+
+def conv_rows(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slots: list) -> torch.Tensor:
+    """x [rows, C]; ring [C, K-1] (updated in place); weight [C, K]; slots[r]: tensor like ring
+    to receive the ring after row r, or None. Returns [rows, C]."""
+    rows, c = x.shape
+    k = weight.shape[1]
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    block = 1024
+    for r in range(rows):
+        slot = slots[r] if r < len(slots) else None
+        _conv_row[(triton.cdiv(c, block),)](x[r], ring, weight, out[r], slot if slot is not None else ring,
+                                            C=c, K=k, BLOCK=block, SAVE=slot is not None)
+    return out
+
+
+def delta_rule_rows(q, k, v, g, beta, state, slots: list) -> torch.Tensor:
+    """q, k [rows, Hv, dk] fp32 (normalised, scaled, repeated to Hv); v [rows, Hv, dv] fp32;
+    g, beta [rows, Hv] fp32; state [Hv, dk, dv] fp32 (in place); slots[r]: tensor like state
+    to receive the state after row r, or None. Returns [rows, Hv, dv] fp32."""
+    rows, hv, dk = q.shape
+    dv = v.shape[2]
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+    out = torch.empty(rows, hv, dv, dtype=torch.float32, device=v.device)
+    bv = min(32, dv)
+    for r in range(rows):
+        slot = slots[r] if r < len(slots) else None
+        _delta_row[(hv, triton.cdiv(dv, bv))](q[r], k[r], v[r], g[r], beta[r], state, out[r],
+                                              slot if slot is not None else state,
+                                              HV=hv, DK=dk, DV=dv, BV=bv, SAVE=slot is not None)
+    return out
