@@ -143,7 +143,7 @@ def test_deltanet_rows_and_copy_slots():
         conv_many = deltanet.conv_rows(x[:m], r1, cw)
         for i in range(m):
             one = deltanet.delta_rule_rows(q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1], beta[i:i + 1], s2,
-                                           rows_policy=P)
+                                           on_row=lambda r: None, rows_policy=P)   # the torch path, as `many`
             assert torch.equal(many[i:i + 1], one), (m, i)
             assert torch.equal(saved[i], s2), (m, i)      # the copy slot after row i = the 1-row state
             assert torch.equal(conv_many[i:i + 1], deltanet.conv_rows(x[i:i + 1], r2, cw)), (m, i)

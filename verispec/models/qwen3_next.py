@@ -402,6 +402,10 @@ class Model:
             out = ForwardOut(*self.core(ids.to(self.embed.device), state, start, exact, save_slots, pos))
         state.kv_len = start + rows
         state.tokens.extend(ids.tolist())
+        if out.logits.is_cuda:
+            # the work is queued, not done: the caller's clock (the gate's costs, the report's
+            # seconds) must see the forward's real time, and every caller reads the logits next
+            torch.cuda.synchronize(out.logits.device)
         return out
 
     def core(self, ids: torch.Tensor, state: State, start: int, exact: bool, save_slots: bool,
