@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None)
     p.add_argument("--config", default=None, help="a config.json instead of a model directory")
     p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="the layout to plan for: cpu (fp32) or cuda (bf16 weights, KV and conv; fp32 DeltaNet state)")
     p.add_argument("--json", action="store_true")
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs: pip install -e '.[serve]')")
@@ -188,7 +190,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def cmd_plan(a: argparse.Namespace) -> int:
     from .models import ModelArgs
-    from .plan import describe, plan
+    from .plan import describe, layout_of, plan
     from .weights import read_config
 
     if a.config:
@@ -206,7 +208,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
         args = ModelArgs.from_dict(cfg)
     except KeyError as e:
         raise VerispecError(f"{a.config or a.model or 'config.json'}: lacks a required field {e}") from None
-    p = plan(args, a.context)
+    p = plan(args, a.context, layout_of(a.device))
     print(json.dumps(p) if a.json else describe(p))
     return 0
 

@@ -6,6 +6,9 @@ a loaded fixture.
 
 from __future__ import annotations
 
+import torch
+
+from .execution import PAD_ROWS, Execution
 from .models import ModelArgs
 
 MIB = 1024 * 1024
@@ -47,12 +50,26 @@ def mtp_params(a: ModelArgs) -> int:
     return a.mtp_layers * (2 * h * h + 3 * h + attn + moe + 2 * h)
 
 
-def plan(a: ModelArgs, context: int, elem: int = 4) -> dict:
-    s = a.state_shapes(context)
+def _alog(a: ModelArgs) -> int:
+    return sum(t == "linear_attention" for t in a.layer_types) * a.linear_num_value_heads
+
+
+def layout_of(device: str) -> Execution:
+    """The dtypes a device runs with; planning needs no GPU, only its layout."""
+    return Execution("cuda", torch.bfloat16, PAD_ROWS) if device == "cuda" else Execution()
+
+
+def plan(a: ModelArgs, context: int, layout: Execution | None = None) -> dict:
+    layout = layout or Execution()
+    s = a.state_shapes(context, layout)
+    elem = torch.empty(0, dtype=layout.dtype).element_size()
     slot = s.slot_bytes
     return {
         "context": context,
-        "weights_bytes": weight_params(a) * elem,
+        "device": layout.torch_device.type,
+        "dtype": str(layout.dtype).replace("torch.", ""),
+        # exp(A_log) is kept in fp32 whatever the layout (the decay is computed in fp32)
+        "weights_bytes": (weight_params(a) - _alog(a)) * elem + _alog(a) * 4,
         "kv_cache_bytes": s.kv_bytes,
         "recurrent_state_bytes": s.recurrent_bytes,
         "copy_slot_bytes": slot,
