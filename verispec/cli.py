@@ -99,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--queue", type=int, default=16, help="requests that may wait behind the running one (default 16)")
     add_draft_args(s)
 
+    b = sub.add_parser("bench", help="decode speed on random weights at a named shape (e.g. qwen3.6-35b-a3b-shape)")
+    from .bench_cmd import add_bench_args
+    add_bench_args(b)
+
     f = sub.add_parser("fixture", help="write a tiny random test checkpoint (needs transformers)")
     from .fixture import add_fixture_args
     add_fixture_args(f)
@@ -222,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(a)
         if a.cmd == "plan":
             return cmd_plan(a)
+        if a.cmd == "bench":
+            from .bench_cmd import run_bench
+            return run_bench(a)
         if a.cmd == "serve":
             from .server import serve
             return serve(a)
