@@ -8,6 +8,7 @@ import json
 import pytest
 
 from model_fixtures import fixture_dir
+from verispec.random_model import QWEN36_35B_A3B_SHAPE
 from verispec.cli import main
 from verispec.engine import Engine
 from verispec.weights import load_checkpoint
@@ -15,30 +16,7 @@ from verispec.weights import load_checkpoint
 MIB = 1024 * 1024
 
 # The shapes of Qwen3.6-35B-A3B (text model): 40 layers, 3 DeltaNet : 1 attention.
-QWEN36_35B_A3B = {
-    "model_type": "qwen3_5_moe",
-    "vocab_size": 248320,
-    "hidden_size": 2048,
-    "num_hidden_layers": 40,
-    "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(40)],
-    "num_attention_heads": 16,
-    "num_key_value_heads": 2,
-    "head_dim": 256,
-    "linear_num_key_heads": 16,
-    "linear_key_head_dim": 128,
-    "linear_num_value_heads": 32,
-    "linear_value_head_dim": 128,
-    "linear_conv_kernel_dim": 4,
-    "num_experts": 256,
-    "num_experts_per_tok": 8,
-    "moe_intermediate_size": 512,
-    "shared_expert_intermediate_size": 512,
-    "mtp_num_hidden_layers": 1,
-    "tie_word_embeddings": False,
-    "max_position_embeddings": 262144,
-    "rms_norm_eps": 1e-6,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25},
-}
+QWEN36_35B_A3B = QWEN36_35B_A3B_SHAPE
 
 
 def plan_json(capsys, *argv) -> dict:
