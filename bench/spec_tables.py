@@ -1,6 +1,6 @@
 """The speculative-decoding tables on the bundled model, beside transformers' own generate.
 
-    python bench/spec_tables.py [--rounds 5] [--tokens 128] [--threads 2] [--quick]
+    python bench/spec_tables.py [--rounds 5] [--tokens 128] [--threads 2] [--quick] [--tables ABC]
 
 One process, one `Engine`. Every arm of a prompt is an `Engine.generate` with other
 `DraftSettings`; the arms of all prompts run once per round, in a fixed order (A B C ...
@@ -25,6 +25,9 @@ prompt); the script exits with 3 otherwise, naming the prompt, arm and first dif
 
 Writes bench/results/spec_tables.json, docs/benchmarks.md and docs/benchmarks.png
 (--quick: 1 round of 24 tokens, no load wait, written under /tmp unless told otherwise).
+`--tables A` (any subset of ABC) runs only those tables and writes its own files,
+bench/results/spec_tables-A.json, docs/benchmarks-A.md and docs/benchmarks-A.png, leaving
+the full run's files alone.
 """
 
 from __future__ import annotations
@@ -190,10 +193,15 @@ def wait_for_quiet(max_wait: float, below: float) -> list[list[float]]:
     return seen
 
 
-def plan(tokens: int) -> list[tuple[str, str, str, dict]]:
+TABLES = (("A", CODE, ARMS_A), ("B", EDIT, ARMS_B), ("C", PROSE, ARMS_C))
+
+
+def plan(tokens: int, tables: str = "ABC") -> list[tuple[str, str, str, dict]]:
     """(table, prompt name, arm, drafts) in the order a round runs them."""
     out = []
-    for table, prompts, arms in (("A", CODE, ARMS_A), ("B", EDIT, ARMS_B), ("C", PROSE, ARMS_C)):
+    for table, prompts, arms in TABLES:
+        if table not in tables:
+            continue
         for p in prompts:
             out += [(table, p, a, d) for a, d in arms.items()]
             out.append((table, p, PEER, {}))
@@ -204,9 +212,9 @@ def prompt_text(name: str) -> str:
     return {**CODE, **EDIT, **PROSE}[name]
 
 
-def measure(eng: Engine, peer: Peer, rounds: int, tokens: int) -> dict:
+def measure(eng: Engine, peer: Peer, rounds: int, tokens: int, tables: str = "ABC") -> dict:
     ids = {p: eng.encode(prompt_text(p)) for p in {**CODE, **EDIT, **PROSE}}
-    steps = plan(tokens)
+    steps = plan(tokens, tables)
     # warm-up: every arm once, short (kernel build, first-touch of weights, transformers' caches)
     for table, p, arm, d in steps:
         if arm == PEER:
@@ -330,7 +338,10 @@ def markdown(doc: dict) -> str:
          f"{la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f}.  ",
          f"Model: `verispec/data/default_model` (15.1M parameters, hidden 256, 8 layers 3:1 DeltaNet:attention, "
          f"8 experts top-2, vocab 8192, MTP head), bf16 on disk, fp32 in both engines.  ",
-         f"Raw data: `bench/results/spec_tables.json`; plot: `docs/benchmarks.png`. Written by `bench/spec_tables.py`.", ""]
+         f"Raw data: `{doc.get('json_out', 'bench/results/spec_tables.json')}`; plot: "
+         f"`{doc.get('png_out', 'docs/benchmarks.png')}`. Written by `bench/spec_tables.py`.", ""]
+    if sorted(S) != ["A", "B", "C"]:
+        L += [f"Tables run: {', '.join(sorted(S))} only (`--tables`); the others are in `docs/benchmarks.md`.", ""]
     if doc.get("note"):
         L += [doc["note"], ""]
     if max(la0[0], la1[0]) >= doc["load_below"]:
@@ -339,7 +350,8 @@ def markdown(doc: dict) -> str:
               "absolute tok/s; see the spreads.", ""]
     L += ["Method: greedy, "
           f"{n} new tokens per run (end-of-sequence ignored), {rounds} round(s); in each round every arm of every "
-          "prompt runs once, in the order of the tables (A B C ... A B C ...), transformers' generate among them. "
+          f"prompt runs once, in the order of the tables ({' '.join(sorted(S))} ... {' '.join(sorted(S))} ...), "
+          "transformers' generate among them. "
           "Values are the median over rounds [min-max]; `x plain` is each round's ratio to the plain run of the "
           "same round, then the median. Decode tok/s counts the script's wall clock from the end of prefill to "
           f"the last token: ({n} - 1) tokens over (generate's wall time - its prefill), drafting, gate and "
@@ -352,15 +364,48 @@ def markdown(doc: dict) -> str:
           "; ".join(f"{p} `{h}`" for p, h in doc["md5"].items()) + ". Transformers' greedy ids equal verispec's "
           "for: " + "; ".join(f"{p} {'yes' if ok else 'no, first difference at position ' + str(ok_pos)}"
                                for p, (ok, ok_pos) in doc["peer_same"].items()) + ".", ""]
-    L += ["## Table A: MTP depth on code continuation (lookup off)", "",
-          "Prompts: starts of functions/classes from files of the model's held-out split (`colorsys.py`, "
-          "`tracemalloc.py`, `ipaddress.py` are `heldout` in `docs/default-model-data.tsv`).", ""]
+    if "A" in S:
+        L += _table_a_md(doc)
+    if "B" in S:
+        L += _table_b_md(doc)
+    if "C" in S:
+        L += _table_c_md(doc)
+    L += ["## Peer: transformers' generate", "",
+          f"transformers {m['transformers']}, `Qwen3NextForCausalLM.from_pretrained(..., dtype=torch.float32)` "
+          "(its torch fallback kernels), `generate(max_new_tokens=N, min_new_tokens=N, do_sample=False)` after a "
+          "warm-up, same prompt ids and threads, run inside the same rounds. Its rows are in the tables above; "
+          "total tok/s (prefill included, N / generate(N)) for reference: " +
+          "; ".join(f"{p} {fmt(S[t][p][PEER]['total_tok_s'])}" for t, ps, _ in TABLES if t in S for p in ps) + ".", "",
+          f"`generate(..., prompt_lookup_num_tokens=5)`: " +
+          (f"refused: `{doc['peer_lookup_error']}`" if doc["peer_lookup_error"] else "ran (no error)") + ".", ""]
+    L += ["## Prompts and outputs", "", "Each prompt, then the first 400 characters of the text every arm produced "
+          "(greedy; the bundled model is a 15M-parameter code toy, and its continuations repeat themselves).", ""]
+    for p, text in doc["prompts"].items():
+        if p not in doc["outputs"]:
+            continue
+        L += [f"**{p}** prompt ({len(doc['prompt_ids'][p])} tokens):", "", "```", text, "```", "", "output:", "", "```",
+              doc["outputs"][p][:400], "```", ""]
+    L += ["## Profile: one plain step and one verify", "", doc["profile_md"], doc["profile_text"], ""]
+    L += ["## Targets (reported, not asserted)", ""] + [f"- {t}" for t in doc["targets"]] + [""]
+    return "\n".join(L) + "\n"
+
+
+def _table_a_md(doc: dict) -> list[str]:
+    S = doc["summary"]
+    L = ["## Table A: MTP depth on code continuation (lookup off)", "",
+         "Prompts: starts of functions/classes from files of the model's held-out split (`colorsys.py`, "
+         "`tracemalloc.py`, `ipaddress.py` are `heldout` in `docs/default-model-data.tsv`).", ""]
     L += table_md(S["A"], CODE, ARMS_A)
     gm = {arm: geomean([S["A"][p][arm]["speedup"]["median"] for p in CODE]) for arm in list(ARMS_A) + [PEER]}
     L += ["", "Geometric mean over the code prompts of `x plain`: " +
           ", ".join(f"{a} {v:.2f}" for a, v in gm.items()) + ".", ""]
     L += ["### What Table A says about the defaults", "", doc["defaults_text"], ""]
-    L += ["## Table B: a code edit (rename a variable in 25 lines and print them again)", ""]
+    return L
+
+
+def _table_b_md(doc: dict) -> list[str]:
+    S, rounds = doc["summary"], doc["rounds"]
+    L = ["## Table B: a code edit (rename a variable in 25 lines and print them again)", ""]
     L += table_md(S["B"], EDIT, ARMS_B)
     e = next(iter(EDIT))
     want = "\n".join(_EDIT_CODE.replace("count", "total").splitlines()[3:])
@@ -386,33 +431,25 @@ def markdown(doc: dict) -> str:
                     "the gate declines lookup at every pick (`since_plain >= refresh`), and nothing resets that count "
                     "while a fixed-depth MTP head drafts at every step. So with the CLI's defaults (lookup on, "
                     "`--mtp-drafts 1`) lookup is in effect off on this edit.")
-    L += ["", "## Table C: free text with the gate on", ""]
+    L.append("")
+    return L
+
+
+def _table_c_md(doc: dict) -> list[str]:
+    S, rounds = doc["summary"], doc["rounds"]
+    L = ["## Table C: free text with the gate on", ""]
     L += table_md(S["C"], PROSE, ARMS_C)
     c = S["C"][next(iter(PROSE))]["lookup, gate on"]
     g = c["gate_sources"].get("lookup", {})
     L += ["", f"Lookup with the gate on, summed over {rounds} round(s): {c['verifies']} verifies carried "
               f"{c['drafts']} drafts ({c['accepted']} accepted); the gate declined {g.get('declined', 0)} proposals "
               f"outright and made {g.get('probes', 0)} probes.", ""]
-    L += ["## Peer: transformers' generate", "",
-          f"transformers {m['transformers']}, `Qwen3NextForCausalLM.from_pretrained(..., dtype=torch.float32)` "
-          "(its torch fallback kernels), `generate(max_new_tokens=N, min_new_tokens=N, do_sample=False)` after a "
-          "warm-up, same prompt ids and threads, run inside the same rounds. Its rows are in the tables above; "
-          "total tok/s (prefill included, N / generate(N)) for reference: " +
-          "; ".join(f"{p} {fmt(S[t][p][PEER]['total_tok_s'])}" for t, ps in (("A", CODE), ("B", EDIT), ("C", PROSE))
-                    for p in ps) + ".", "",
-          f"`generate(..., prompt_lookup_num_tokens=5)`: " +
-          (f"refused: `{doc['peer_lookup_error']}`" if doc["peer_lookup_error"] else "ran (no error)") + ".", ""]
-    L += ["## Prompts and outputs", "", "Each prompt, then the first 400 characters of the text every arm produced "
-          "(greedy; the bundled model is a 15M-parameter code toy, and its continuations repeat themselves).", ""]
-    for p, text in doc["prompts"].items():
-        L += [f"**{p}** prompt ({len(doc['prompt_ids'][p])} tokens):", "", "```", text, "```", "", "output:", "", "```",
-              doc["outputs"][p][:400], "```", ""]
-    L += ["## Profile: one plain step and one verify", "", doc["profile_md"], doc["profile_text"], ""]
-    L += ["## Targets (reported, not asserted)", ""] + [f"- {t}" for t in doc["targets"]] + [""]
-    return "\n".join(L) + "\n"
+    return L
 
 
 def defaults_text(S: dict) -> str:
+    if "A" not in S:
+        return ""
     gm = {arm: geomean([S["A"][p][arm]["speedup"]["median"] for p in CODE]) for arm in ARMS_A}
     fixed = {a: v for a, v in gm.items() if a not in ("plain",)}
     best = max(fixed, key=fixed.get)
@@ -434,15 +471,16 @@ def defaults_text(S: dict) -> str:
                  f"{a} over MTP 1: {wins(a, 'MTP 1')}, MTP 1 over {a}: {wins('MTP 1', a)}"
                  for a in ARMS_A if a not in ("plain", "MTP 1")) + ".")
     beat_all = [a for a in ARMS_A if a not in ("plain", "MTP 1") and wins(a, "MTP 1") == n]
+    default = f"the CLI's default is `--mtp-drafts {DraftSettings().mtp_drafts}`"
     if best == "MTP 1":
-        t.append("So the table supports keeping `--mtp-drafts 1`.")
+        t.append(f"So the table supports a depth of 1 ({default}).")
     elif beat_all:
-        t.append(f"On code continuation the table supports a depth of 2 or more over the current default of 1: "
-                 f"{', '.join(beat_all)} beat MTP 1 clearly on every code prompt. (Not changed here; see Table B for "
-                 "the code edit, where the choice matters less or the other way.)")
+        t.append(f"On code continuation the table supports a depth of 2 or more over 1: "
+                 f"{', '.join(beat_all)} beat MTP 1 clearly on every code prompt ({default}; see Table B for "
+                 "the code edit, where the choice matters less or the other way).")
     else:
         t.append(f"{best} beat MTP 1 on the geometric mean, but not clearly on every prompt: the table does not "
-                 "clearly support moving `--mtp-drafts` off 1.")
+                 f"clearly separate depth 1 from the deeper arms ({default}).")
     for d in (2, 3):
         on, off = f"MTP {d}, per-step", f"MTP {d}, fixed"
         t.append(f"Per-step vs fixed at depth {d}: clear wins {wins(on, off)} vs {wins(off, on)} of {n}.")
@@ -456,36 +494,44 @@ def defaults_text(S: dict) -> str:
 
 def targets(S: dict, prof: dict) -> list[str]:
     out = []
-    gm = {arm: geomean([S["A"][p][arm]["speedup"]["median"] for p in CODE]) for arm in ARMS_A}
-    best = max((a for a in gm if a != "plain"), key=gm.get)
-    v = gm[best]
-    out.append(f"MTP at its best depth >= 1.5x plain on code continuation: {best}, {v:.2f}x (geometric mean of the "
-               f"per-prompt medians) - {'met' if v >= 1.5 else f'missed by {100 * (1.5 - v) / 1.5:.0f}%'}.")
+    if "A" in S:
+        gm = {arm: geomean([S["A"][p][arm]["speedup"]["median"] for p in CODE]) for arm in ARMS_A}
+        best = max((a for a in gm if a != "plain"), key=gm.get)
+        v = gm[best]
+        out.append(f"MTP at its best depth >= 1.5x plain on code continuation: {best}, {v:.2f}x (geometric mean of "
+                   f"the per-prompt medians) - {'met' if v >= 1.5 else f'missed by {100 * (1.5 - v) / 1.5:.0f}%'}.")
     e = next(iter(EDIT))
-    v = S["B"][e]["lookup"]["speedup"]["median"]
-    out.append(f"Lookup on the code edit >= 1.3x plain: {v:.2f}x - "
-               f"{'met' if v >= 1.3 else f'missed by {100 * (1.3 - v) / 1.3:.0f}%'}.")
+    if "B" in S:
+        v = S["B"][e]["lookup"]["speedup"]["median"]
+        out.append(f"Lookup on the code edit >= 1.3x plain: {v:.2f}x - "
+                   f"{'met' if v >= 1.3 else f'missed by {100 * (1.3 - v) / 1.3:.0f}%'}.")
+    if "C" in S:
+        out.append(_target_c(S))
+    ratios = [1 / S[t][p][PEER]["speedup"]["median"] for t, ps, _ in TABLES if t in S for p in ps]
+    v = geomean(ratios)
+    out.append(f"verispec plain >= 3x transformers' plain generate: {v:.2f}x (geometric mean over the "
+               f"{len(ratios)} prompts; {min(ratios):.2f}-{max(ratios):.2f}) - "
+               f"{'met' if v >= 3 else f'missed by {100 * (3 - v) / 3:.0f}%'}.")
+    if "B" in S:
+        bestB = max((a for a in ARMS_B if a != "plain"), key=lambda a: S["B"][e][a]["speedup"]["median"])
+        v = S["B"][e][bestB]["decode_tok_s"]["median"] / S["B"][e][PEER]["decode_tok_s"]["median"]
+        out.append(f"verispec with drafts faster than transformers with its prompt lookup: transformers refuses "
+                   f"prompt lookup on this architecture, so against its plain generate on the code edit: {bestB} "
+                   f"{v:.2f}x.")
+    return out
+
+
+def _target_c(S: dict) -> str:
     c = S["C"][next(iter(PROSE))]
     v, pl = c["lookup, gate on"]["decode_tok_s"]["median"], c["plain"]["decode_tok_s"]
     slower = 100 * (1 - v / pl["median"])
     how = f"{slower:.1f}% slower" if slower > 0 else f"{-slower:.1f}% faster"
     where = ("inside" if pl["min"] <= v <= pl["max"] else "above" if v > pl["max"] else "below")
-    out.append(f"Free text with the gate on no more than 2% slower than plain: lookup {v:.1f} vs plain {pl['median']:.1f} "
-               f"tok/s ({how}; {where} plain's own spread {pl['min']:.1f}-{pl['max']:.1f}) - "
-               f"{'met' if slower <= 2 else 'missed'}. (The prompt's continuation repeats itself, see 'Prompts and "
-               "outputs', so lookup has much to copy: this does not show the gate's cost on free text that does not "
-               "repeat.)")
-    ratios = [1 / S[t][p][PEER]["speedup"]["median"] for t, ps in (("A", CODE), ("B", EDIT), ("C", PROSE)) for p in ps]
-    v = geomean(ratios)
-    out.append(f"verispec plain >= 3x transformers' plain generate: {v:.2f}x (geometric mean over the "
-               f"{len(ratios)} prompts; {min(ratios):.2f}-{max(ratios):.2f}) - "
-               f"{'met' if v >= 3 else f'missed by {100 * (3 - v) / 3:.0f}%'}.")
-    bestB = max((a for a in ARMS_B if a != "plain"), key=lambda a: S["B"][e][a]["speedup"]["median"])
-    v = S["B"][e][bestB]["decode_tok_s"]["median"] / S["B"][e][PEER]["decode_tok_s"]["median"]
-    out.append(f"verispec with drafts faster than transformers with its prompt lookup: transformers refuses prompt "
-               f"lookup on this architecture, so against its plain generate on the code edit: {bestB} "
-               f"{v:.2f}x.")
-    return out
+    return (f"Free text with the gate on no more than 2% slower than plain: lookup {v:.1f} vs plain "
+            f"{pl['median']:.1f} tok/s ({how}; {where} plain's own spread {pl['min']:.1f}-{pl['max']:.1f}) - "
+            f"{'met' if slower <= 2 else 'missed'}. (The prompt's continuation repeats itself, see 'Prompts and "
+            "outputs', so lookup has much to copy: this does not show the gate's cost on free text that does not "
+            "repeat.)")
 
 
 def profile_text(prof: dict) -> str:
@@ -515,10 +561,12 @@ def plot(doc: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     S = doc["summary"]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5.5), gridspec_kw={"width_ratios": [3 * len(CODE), 6, 3]})
-    for ax, (table, prompts, arms, title) in zip(axes, (("A", CODE, ARMS_A, "A: MTP depth, code continuation"),
-                                                         ("B", EDIT, ARMS_B, "B: code edit"),
-                                                         ("C", PROSE, ARMS_C, "C: free text"))):
+    panels = [(t, ps, arms, title, w) for (t, ps, arms), title, w in
+              zip(TABLES, ("A: MTP depth, code continuation", "B: code edit", "C: free text"), (3 * len(CODE), 6, 3))
+              if t in S]
+    fig, axes = plt.subplots(1, len(panels), figsize=(16 * sum(p[4] for p in panels) / (3 * len(CODE) + 9), 5.5),
+                             gridspec_kw={"width_ratios": [p[4] for p in panels]}, squeeze=False)
+    for ax, (table, prompts, arms, title, _) in zip(axes[0], panels):
         names = list(arms) + [PEER]
         width = 0.8 / len(prompts)
         for i, p in enumerate(prompts):
@@ -577,6 +625,13 @@ def render_again(src: Path, md_out: Path, png_out: Path) -> int:
     return 0
 
 
+def _rel(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -591,14 +646,21 @@ def main() -> int:
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--md-out", default=None)
     ap.add_argument("--png-out", default=None)
+    ap.add_argument("--tables", default="ABC", help="the tables to run, a subset of ABC; a subset writes its own "
+                    "files (bench/results/spec_tables-A.json, docs/benchmarks-A.md, docs/benchmarks-A.png for A)")
     a = ap.parse_args()
+    tables = "".join(t for t in "ABC" if t in a.tables.upper())
+    if not tables or set(a.tables.upper()) - set("ABC"):
+        ap.error(f"--tables: a subset of ABC, not {a.tables!r}")
+    sfx = "" if tables == "ABC" else f"-{tables}"
     if a.quick:
         a.rounds, a.tokens, a.profile_reps = 1, 24, 5
     max_wait = a.max_wait if a.max_wait is not None else (0 if a.quick else 600)
     outdir = Path(tempfile.gettempdir()) / "verispec-spec-tables-quick" if a.quick else None
-    json_out = Path(a.json_out or (outdir / "spec_tables.json" if outdir else ROOT / "bench/results/spec_tables.json"))
-    md_out = Path(a.md_out or (outdir / "benchmarks.md" if outdir else ROOT / "docs/benchmarks.md"))
-    png_out = Path(a.png_out or (outdir / "benchmarks.png" if outdir else ROOT / "docs/benchmarks.png"))
+    json_out = Path(a.json_out or (outdir / f"spec_tables{sfx}.json" if outdir else
+                                   ROOT / f"bench/results/spec_tables{sfx}.json"))
+    md_out = Path(a.md_out or (outdir / f"benchmarks{sfx}.md" if outdir else ROOT / f"docs/benchmarks{sfx}.md"))
+    png_out = Path(a.png_out or (outdir / f"benchmarks{sfx}.png" if outdir else ROOT / f"docs/benchmarks{sfx}.png"))
     if a.from_json:
         return render_again(Path(a.from_json), md_out, png_out)
     threads = a.threads or min(2, os.cpu_count() or 1)
@@ -614,9 +676,10 @@ def main() -> int:
     doc = {"command": "python bench/spec_tables.py " + " ".join(sys.argv[1:]), "machine": machine(threads),
            "date": time.strftime("%Y-%m-%d %H:%M"), "tokens": a.tokens, "rounds": a.rounds,
            "load_polls": loads, "waited_s": waited, "load_below": a.load_below, "load_start": loads[-1],
-           "prompts": {**CODE, **EDIT, **PROSE}, "note": a.note}
+           "prompts": {**CODE, **EDIT, **PROSE}, "note": a.note, "tables": tables,
+           "json_out": _rel(json_out), "png_out": _rel(png_out)}
     with torch.no_grad():
-        m = measure(eng, peer, a.rounds, a.tokens)
+        m = measure(eng, peer, a.rounds, a.tokens, tables)
         doc["peer_lookup_error"] = peer.lookup_error(m["prompt_ids"][next(iter(EDIT))])
         prof = profile_step.profile(eng, m["prompt_ids"][next(iter(CODE))], a.profile_reps)
     doc["load_end"] = list(os.getloadavg())
