@@ -554,9 +554,10 @@ def main() -> None:
     t.add_argument("--aux", type=float, default=0.01, help="weight of the router balance loss")
     t.add_argument("--eval-every", type=float, default=60.0, help="seconds between validation evals")
     t.add_argument("--log-every", type=int, default=10)
-    t.add_argument("--final-norm-spread", type=float, default=0.6,
+    t.add_argument("--final-norm-spread", type=float, default=1.0,
                    help="sigma of the log-normal per-channel init of the final norm's scales (0: all 1)")
-    t.add_argument("--freeze-final-norm", action="store_true", help="keep the final norm's scales as initialised")
+    t.add_argument("--freeze-final-norm", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the final norm's scales as initialised (default on, as the shipped model)")
     p = sub.add_parser("pack")
     p.add_argument("--raw", required=True)
     p.add_argument("--dest", default=str(Path(__file__).resolve().parent.parent / "verispec/data/default_model"))
