@@ -559,7 +559,10 @@ def markdown(doc: dict) -> str:
 
 def _s5_run(s5: dict, doc: dict) -> list[str]:
     L = [f"### {s5['tokens']} generated tokens per run", "",
-         f"{s5.get('rounds', doc['rounds'])} rounds, {s5.get('threads', doc['machine']['torch_threads'])} torch thread(s)"
+         (f"Run {s5['date']} at {s5['git']['head']}"
+          + (f" + uncommitted changes in {', '.join(s5['git']['dirty'])}" if s5['git']['dirty'] else "") + "; "
+          if "date" in s5 else "")
+         + f"{s5.get('rounds', doc['rounds'])} rounds, {s5.get('threads', doc['machine']['torch_threads'])} torch thread(s)"
          + (f"; load (1 min) at the end of each run: {s5['load_range'][0]:.2f}-{s5['load_range'][1]:.2f}"
             if "load_range" in s5 else "") + ".", ""]
     verdicts = []
@@ -574,19 +577,27 @@ def _s5_run(s5: dict, doc: dict) -> list[str]:
                      f"{'yes' if r['same_ids_as_plain'] else '**NO**'} |")
         best = max((a for a in arms if a.startswith("fixed")), key=lambda a: arms[a]["tok_s"]["median"])
         med = {a: arms[a]["tok_s"]["median"] for a in arms}
-        verdicts.append((p, best, {g: (med[g] / med[best], med[g] / med["plain"]) for g in ("gate", "gate_cold")
-                                   if g in med}, med["plain2"] / med["plain"] if "plain2" in med else None))
+
+        def paired(a, b):        # median over rounds of the same round's ratio (robust to drifting load)
+            return statistics.median(x["tok_s"] / y["tok_s"] for x, y in zip(arms[a]["runs"], arms[b]["runs"]))
+        verdicts.append((p, best, {g: (med[g] / med[best], med[g] / med["plain"], paired(g, best), paired(g, "plain"))
+                                   for g in ("gate", "gate_cold") if g in med},
+                         (med["plain2"] / med["plain"], paired("plain2", "plain")) if "plain2" in med else None))
         L.append("")
     gates = [g for g in ("gate", "gate_cold") if g in verdicts[0][2]]
-    L += [f"#### Against the targets, {s5['tokens']} tokens (ratios of the medians)", "",
-          "| P | best fixed | " + " | ".join(f"{g} / best fixed | {g} / plain" for g in gates) + " | plain2 / plain |",
+    L += [f"#### Against the targets, {s5['tokens']} tokens", "",
+          "Ratio of the medians (best fixed: the highest median), then in parentheses the median over rounds of "
+          "the same round's ratio; the verdict reads the ratio of the medians. `plain2 / plain` is the noise floor.",
+          "", "| P | best fixed | " + " | ".join(f"{g} / best fixed | {g} / plain" for g in gates) + " | plain2 / plain |",
           "|---|---|" + "---|---|" * len(gates) + "---|"]
     for p, best, vs, noise in verdicts:
         cells = []
         for g in gates:
-            gb, gp = vs[g]
-            cells.append(f"{gb:.3f} {'ok' if gb >= 0.95 else '**MISS**'} | {gp:.3f} {'ok' if gp >= 0.98 else '**MISS**'}")
-        L.append(f"| {p} | {best} | " + " | ".join(cells) + f" | {'-' if noise is None else f'{noise:.3f}'} |")
+            gb, gp, pgb, pgp = vs[g]
+            cells.append(f"{gb:.3f} ({pgb:.3f}) {'ok' if gb >= 0.95 else '**MISS**'} | "
+                         f"{gp:.3f} ({pgp:.3f}) {'ok' if gp >= 0.98 else '**MISS**'}")
+        L.append(f"| {p} | {best} | " + " | ".join(cells) + " | "
+                 + ("-" if noise is None else f"{noise[0]:.3f} ({noise[1]:.3f})") + " |")
     L.append("")
     return L
 
@@ -675,13 +686,16 @@ def main() -> int:
                 doc["s3"] = section3(eng, a.rounds, a.tokens, a.reps)
             save()
         if "5" in sections:
-            doc["s5"] = {"runs": []}
+            # with --update, runs of other lengths measured earlier are kept (new format only)
+            kept = [r for r in doc.get("s5", {}).get("runs", []) if r["tokens"] not in gate_tokens]
+            doc["s5"] = {"runs": kept}
             for n in gate_tokens:
                 with q.section(f"5 gate vs fixed depths (bernoulli), {n} tokens"):
                     run = section5(eng, a.rounds, n, tuple(float(p) for p in a.ps.split(",")))
                 loads = [x["load1"] for arms in run["by_p"].values() for r in arms.values() for x in r["runs"]]
                 run["load_range"] = [min(loads), max(loads)]
-                doc["s5"]["runs"].append(run)
+                run["date"], run["git"] = time.strftime("%Y-%m-%d %H:%M"), doc["git"]
+                doc["s5"]["runs"] = sorted(doc["s5"]["runs"] + [run], key=lambda r: r["tokens"])
                 save()
             if not a.no_mtp_gate:
                 with q.section("5 real MTP head, gate, per-step depth"):
