@@ -203,11 +203,6 @@ def verify(eng: Engine, rounds: int, bw: float, max_rows: int = 6, key: str = "v
     RESULTS[key] = out
 
 
-def _undo(st, start):
-    st.kv_len = start
-    del st.tokens[start:]
-
-
 def overhead(eng: Engine, ck, rounds: int) -> None:
     """One decode row, both graphed, on the same weights: the exact path (every op padded to
     16 rows) against the same model with nothing padded (cuBLAS's 1-row kernels: the plain
