@@ -559,16 +559,17 @@ def markdown(doc: dict) -> str:
 
 def _s5_run(s5: dict, doc: dict) -> list[str]:
     L = [f"### {s5['tokens']} generated tokens per run", "",
-         (f"Run {s5['date']} at {s5['git']['head']}"
-          + (f" + uncommitted changes in {', '.join(s5['git']['dirty'])}" if s5['git']['dirty'] else "") + "; "
-          if "date" in s5 else "")
-         + f"{s5.get('rounds', doc['rounds'])} rounds, {s5.get('threads', doc['machine']['torch_threads'])} torch thread(s)"
-         + (f"; load (1 min) at the end of each run: {s5['load_range'][0]:.2f}-{s5['load_range'][1]:.2f}"
-            if "load_range" in s5 else "") + ".", ""]
+         f"{s5.get('threads', doc['machine']['torch_threads'])} torch thread(s).", ""]
     verdicts = []
     for p, arms in s5["by_p"].items():
-        L += [f"#### P = {p}, {s5['tokens']} tokens", "",
-              "| arm | decode tok/s | vs plain | tokens/forward | drafts/verify | acceptance | verifies | probes | "
+        m = s5.get("meta", {}).get(p)
+        L += [f"#### P = {p}, {s5['tokens']} tokens", ""]
+        if m:
+            L += [f"Measured {m['date']} at {m['git']['head']}"
+                  + (f" + uncommitted changes in {', '.join(m['git']['dirty'])}" if m['git']['dirty'] else "")
+                  + f", {m['rounds']} rounds, load (1 min) after each run {m['load_range'][0]:.2f}-"
+                  f"{m['load_range'][1]:.2f}; the `gate` chain started empty at P = {m['chain_from']} round 1.", ""]
+        L += ["| arm | decode tok/s | vs plain | tokens/forward | drafts/verify | acceptance | verifies | probes | "
               "overhead ms/tok | ids = plain |", "|---|---|---|---|---|---|---|---|---|---|"]
         for a, r in arms.items():
             L.append(f"| {a} | {fmt(r['tok_s'])} | {fmt(r['vs_plain'])} | {fmt(r['tokens_per_forward'])} | "
@@ -687,15 +688,30 @@ def main() -> int:
             save()
         if "5" in sections:
             # with --update, runs of other lengths measured earlier are kept (new format only)
-            kept = [r for r in doc.get("s5", {}).get("runs", []) if r["tokens"] not in gate_tokens]
-            doc["s5"] = {"runs": kept}
+            # with --update, what was measured before at other lengths, or at other P of the same length, stays
+            old_runs = {r["tokens"]: r for r in doc.get("s5", {}).get("runs", [])}
+            doc["s5"] = {"runs": sorted(old_runs.values(), key=lambda r: r["tokens"])}
+            ps = tuple(float(p) for p in a.ps.split(","))
             for n in gate_tokens:
                 with q.section(f"5 gate vs fixed depths (bernoulli), {n} tokens"):
-                    run = section5(eng, a.rounds, n, tuple(float(p) for p in a.ps.split(",")))
-                loads = [x["load1"] for arms in run["by_p"].values() for r in arms.values() for x in r["runs"]]
-                run["load_range"] = [min(loads), max(loads)]
-                run["date"], run["git"] = time.strftime("%Y-%m-%d %H:%M"), doc["git"]
-                doc["s5"]["runs"] = sorted(doc["s5"]["runs"] + [run], key=lambda r: r["tokens"])
+                    run = section5(eng, a.rounds, n, ps)
+                stamp = time.strftime("%Y-%m-%d %H:%M")
+                run["meta"] = {}
+                for p, arms in run["by_p"].items():
+                    loads = [x["load1"] for r in arms.values() for x in r["runs"]]
+                    run["meta"][p] = {"date": stamp, "git": doc["git"], "load_range": [min(loads), max(loads)],
+                                      "rounds": a.rounds, "chain_from": str(ps[0])}
+                old = old_runs.get(n)
+                if old is not None and "meta" in old:
+                    merged = {p: old["by_p"][p] for p in old["by_p"] if p not in run["by_p"]}
+                    merged.update(run["by_p"])
+                    meta = {p: old["meta"][p] for p in merged if p not in run["by_p"]}
+                    meta.update(run["meta"])
+                    order = sorted(merged, key=float, reverse=True)
+                    run["by_p"] = {p: merged[p] for p in order}
+                    run["meta"] = {p: meta[p] for p in order}
+                old_runs[n] = run
+                doc["s5"]["runs"] = sorted(old_runs.values(), key=lambda r: r["tokens"])
                 save()
             if not a.no_mtp_gate:
                 with q.section("5 real MTP head, gate, per-step depth"):
