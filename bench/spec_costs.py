@@ -28,7 +28,9 @@ Two gate arms: `gate`, the engine's chain (`Engine.keep_gate`: each gated run co
 from the engine's last gated run: its measured T(n) and rho, acceptance carried at a prior's
 weight, as a long-lived process would; the chain starts empty at the section's first gate
 run, so that run is a cold one), and `gate_cold`, a gate with nothing measured at every run
-(the engine's chain set aside around it): what a single CLI run gets. `plain2` is plain again, for the noise floor. With the forced source the decoder's gate does
+(the engine's chain set aside around it): what a single CLI run gets, and `gate_noobs`, that
+cold gate without free observations (only verifies feed its acceptance estimates). `plain2`
+is plain again, for the noise floor. With the forced source the decoder's gate does
 pick the depth (ForcedSource has no `gated_by_decoder = False`, so `Decoder._propose` calls
 `gate.pick` and cuts the drafts before `spoil`). Then the real (random) MTP head on the
 mid-size model: plain, fixed depth 1 and 3 without the gate, depth 3 with the gate and
@@ -47,6 +49,7 @@ docs/benchmarks-spec.md (with --quick: /tmp, for a smoke run).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -407,6 +410,8 @@ def section5(eng: Engine, rounds: int, tokens: int, ps: tuple[float, ...]) -> di
         gated = DraftSettings(lookup=True, lookup_drafts=5, mtp="off", gate=True, force=force, reference=tuple(ref))
         arms["gate_cold"] = (gated, True)
         arms["gate"] = (gated, False)
+        # the cold gate without free observations (docs/gate.md "Free observations"): the rules alone
+        arms["gate_noobs"] = (dataclasses.replace(gated, gate_observe=False), True)
         raw = interleaved(arms, rounds, lambda d: run_arm(eng, prompt, tokens, *d), f"section 5 {force} {tokens} tok")
         out["by_p"][str(p)] = summarize_arms(raw, ref)
     return out
@@ -460,7 +465,7 @@ def markdown(doc: dict) -> str:
          "Command: " + ", then ".join(f"`{c}`" for c in (doc["command"] if isinstance(doc["command"], list)
                                                           else [doc["command"]])) + "  ",
          f"Machine: {m['cpu']}, {m['cpus_online']} CPUs online, torch {m['torch']} with {m['torch_threads']} "
-         f"threads (set by the script), linear backend `{m['linear_backend']}`, Python {m['python']}.  ",
+         f"threads (set by the script, --threads; this is the last command's: section 5 states its own), linear backend `{m['linear_backend']}`, Python {m['python']}.  ",
          f"Code: {doc['git']['head']}{' + uncommitted changes in ' + ', '.join(doc['git']['dirty']) if doc['git']['dirty'] else ''}."
          f" Date: {doc['date']}. Raw data: `bench/results/spec_costs.json`. Written by `bench/spec_costs.py`.", ""]
     loud = [s for s in doc["sections"] if not s["quiet"] or s["load_after"][0] >= doc["quiet_load"]]
@@ -533,6 +538,8 @@ def markdown(doc: dict) -> str:
               "chain starts empty at the section's first gate run, P = 0.9 round 1, which is therefore cold, and it "
               "runs on through the P values in order, so the first round of each P starts from the previous P's "
               "estimates); `gate_cold`: the same with nothing measured at every run (what one CLI run gets); "
+              "`gate_noobs`: `gate_cold` without free observations (`gate_observe=False`: only verifies feed the "
+              "acceptance estimates, the public rules alone; docs/gate.md \"Free observations\"); "
               "`plain2`: plain again, the noise floor. Overhead: the decode loop's wall time outside the forwards "
               "(sampling, proposing, the gate), ms per token.", ""]
         for run in (s5["runs"] if "runs" in s5 else [s5]):
@@ -582,10 +589,10 @@ def _s5_run(s5: dict, doc: dict) -> list[str]:
         def paired(a, b):        # median over rounds of the same round's ratio (robust to drifting load)
             return statistics.median(x["tok_s"] / y["tok_s"] for x, y in zip(arms[a]["runs"], arms[b]["runs"]))
         verdicts.append((p, best, {g: (med[g] / med[best], med[g] / med["plain"], paired(g, best), paired(g, "plain"))
-                                   for g in ("gate", "gate_cold") if g in med},
+                                   for g in ("gate", "gate_cold", "gate_noobs") if g in med},
                          (med["plain2"] / med["plain"], paired("plain2", "plain")) if "plain2" in med else None))
         L.append("")
-    gates = [g for g in ("gate", "gate_cold") if g in verdicts[0][2]]
+    gates = [g for g in ("gate", "gate_cold", "gate_noobs") if g in verdicts[0][2]]
     L += [f"#### Against the targets, {s5['tokens']} tokens", "",
           "Ratio of the medians (best fixed: the highest median), then in parentheses the median over rounds of "
           "the same round's ratio; the verdict reads the ratio of the medians. `plain2 / plain` is the noise floor.",

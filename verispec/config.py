@@ -22,6 +22,7 @@ class DraftSettings:
     mtp_wiring: str = "post"     # the backbone hidden state the head reads: after ("post") or before its final norm
     mtp_vocab: int = 16000       # tokens the head scores per draft; 0 = the whole vocabulary
     gate: bool = True
+    gate_observe: bool = True    # feed the gate free observations of drafts no verify carried (docs/gate.md)
     force: str | None = None     # a forced test mode (drafts/forced.py)
     reference: tuple[int, ...] | None = None   # the reference run's generated ids
 

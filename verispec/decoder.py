@@ -60,6 +60,10 @@ class Decoder:
     stats: DecodeStats = field(default_factory=DecodeStats)
     pending: _Pending | None = None
     trace: list | None = None                        # tests: [kv_len, source, drafts, used] of every verify
+    # free observations (gate.observe): (source, position of drafts[0], first position no
+    # verify judges, the drafts not yet compared); each compared with the next pick
+    watch: list = field(default_factory=list)
+    picks: int = 0
 
     # ----- prompt -----
     def prefill(self, ids: list[int]) -> torch.Tensor:
@@ -83,6 +87,8 @@ class Decoder:
 
     # ----- decode -----
     def logits_after(self, tok: int) -> torch.Tensor:
+        if self.watch:
+            self._observe(tok)
         p = self.pending
         if p is not None:
             if p.used < len(p.drafts) and tok == p.drafts[p.used]:
@@ -102,7 +108,22 @@ class Decoder:
             self.stats.ended_mid_verify = True
         self._settle_all()
 
+    def _observe(self, tok: int) -> None:
+        """Follow every watched proposal with the picks (a proposal guesses the next tokens;
+        its draft j stands iff picks 1..j all match). A free position's outcome goes to the
+        gate; the first miss ends the watch, since later drafts' condition no longer holds."""
+        self.picks += 1
+        keep = []
+        for name, pos, free_from, drafts in self.watch:
+            stood = tok == drafts[0]
+            if pos >= free_from:
+                self.gate.observe(name, pos, stood)
+            if stood and len(drafts) > 1:
+                keep.append((name, pos + 1, free_from, drafts[1:]))
+        self.watch = keep
+
     def _settle_all(self) -> None:
+        self.watch = []
         if self.pending is not None:
             self._settle(rejected=False)
 
@@ -129,10 +150,12 @@ class Decoder:
         source is still asked, with no room: the MTP head absorbs the pending row)."""
         tokens = self.state.tokens
         gate = self.gate
+        self._unused = []       # (source, drafts picked, drafts proposed) of every gated source
         if gate is not None and gate.plain_due():
             for s in self.sources:
                 s.propose(tokens, tok, 0)
             self.stats.declined += 1
+            self._watch_unused("", 0)
             return "", []
         best: tuple[bool, float, int, str, list[int]] | None = None
         for s in self.sources:
@@ -142,6 +165,7 @@ class Decoder:
             probe = False
             if gate is not None and getattr(s, "gated_by_decoder", True):
                 k = gate.pick(s.name, len(drafts))
+                self._unused.append((s, k, drafts))
                 if k == 0:
                     self.stats.declined += 1
                     continue
@@ -153,10 +177,35 @@ class Decoder:
             if best is None or cand[:3] > best[:3]:
                 best = cand
         if best is None:
+            self._watch_unused("", 0)
             return "", []
         name, drafts = best[3], best[4]
         spoil = getattr(next(s for s in self.sources if s.name == name), "spoil", None)
-        return name, (spoil(drafts) if spoil else drafts)
+        drafts = spoil(drafts) if spoil else drafts
+        self._watch_unused(name, len(drafts), drafts)
+        return name, drafts
+
+    def _watch_unused(self, carried: str, k: int, carried_drafts: list[int] = ()) -> None:
+        """Watch this step's proposals for free observations: the carried source's drafts past
+        its k carried ones (the carried ones, as carried, only to know they stood), and each
+        other gated source's drafts from its first. Watches of earlier steps run on."""
+        if self.gate is None:
+            return
+        for s, picked, proposed in self._unused:
+            is_carried = s.name == carried
+            if is_carried and k >= len(proposed):
+                continue
+            start = k if is_carried else 0
+            seen = getattr(s, "observed_draft", None)
+            tail = []
+            for pos in range(start, min(len(proposed), self.gate.config.max_drafts)):
+                d = seen(pos, proposed[pos]) if seen else proposed[pos]
+                if d is None:
+                    break
+                tail.append(d)
+            if tail:
+                head = list(carried_drafts) if is_carried else []
+                self.watch.append((s.name, 0, start, head + tail))
 
     def _step(self, tok: int) -> torch.Tensor:
         room = max(self.state.shapes.max_len - self.state.kv_len - 1, 0)

@@ -132,7 +132,7 @@ class Engine:
 
         d = settings.drafts
         mtp = self.uses_mtp(settings)
-        config = GateConfig(enabled=d.gate)
+        config = GateConfig(enabled=d.gate, observe=d.gate_observe)
         prev = self.last_gate
         # only a gate that decides joins the chain (--gate off: its own, discarded)
         gate = (prev.next_run() if self.keep_gate and d.gate and prev is not None and prev.config == config

@@ -66,6 +66,7 @@ class GateConfig:
     probe_budget: float = 0.008          # expected probe cost of a declined source, plain steps per pick
     probe_max_interval: int = 256        # a declined source probes at least this often
     probe_memory: int = 4                # recent probes' acceptance, for pricing the next probe
+    observe: bool = True                 # feed free observations (observe()) into the estimates
 
     def __post_init__(self):
         if self.max_drafts < 1 or self.probe_every < 1 or self.probe_every_new < 1:
@@ -104,6 +105,8 @@ class _Source:
     probes: int = 0
     declined: int = 0
     trimmed: int = 0                     # drafts pick_p removed
+    observed: list[int] = field(default_factory=list)      # free observations by position
+    observed_hit: list[int] = field(default_factory=list)
     since_probe: int = 0                 # the probe clock: picks since the last probe slot
     probe_pending: bool = False          # the last pick lifted a plain step to one draft
     last_probe: bool = False             # the last pick was a probe (any depth)
@@ -151,7 +154,8 @@ class Gate:
             acc = [_Avg(prior[min(j, len(prior) - 1)], c.prior_weight) for j in range(c.max_drafts)]
             bins = [_Avg((b + 0.5) / c.p_bins, c.p_prior_weight) for b in range(c.p_bins)]
             self._sources[name] = _Source(acc=acc, bins=bins, proposed=[0] * c.max_drafts,
-                                          hit=[0] * c.max_drafts,
+                                          hit=[0] * c.max_drafts, observed=[0] * c.max_drafts,
+                                          observed_hit=[0] * c.max_drafts,
                                           draft=timings.draft.setdefault(name, _Avg()))
 
     @property
@@ -228,6 +232,21 @@ class Gate:
             src.probe_stood = accepted > 0
             src.probe_acc.update(float(accepted > 0), c.probe_memory)
             src.probe_pending = False
+
+    def observe(self, source: str, position: int, stood: bool) -> None:
+        """A free observation (our choice; docs/gate.md "Free observations"): a draft of `source`
+        at 0-based `position` that no verify carried -- trimmed by pick, declined, or outbid --
+        but whose every earlier draft stood, was compared with the token actually picked there.
+        That is the event a_{position+1} estimates (draft j stands given drafts 1..j-1 stood), seen
+        without a forward, so it moves a_j by the same rule as a verify; verify counts, p-bins
+        and the probe state are untouched."""
+        src = self._source(source)
+        c = self.config
+        if not c.observe or not 0 <= position < c.max_drafts:
+            return
+        src.observed[position] += 1
+        src.observed_hit[position] += stood
+        src.acc[position].update(float(stood), c.acceptance_memory)
 
     # --- prices -----------------------------------------------------------------------
 
@@ -399,6 +418,7 @@ class Gate:
                 "verifies": s.verifies, "probes": s.probes, "declined": s.declined,
                 "trimmed": s.trimmed,
                 "proposed": list(s.proposed), "hit": list(s.hit),
+                "observed": list(s.observed), "observed_hit": list(s.observed_hit),
                 "acceptance": [a.x for a in s.acc],
                 "p_bins": [b.x for b in s.bins],
                 "draft_cost": s.draft.x if s.draft.samples else None,

@@ -51,6 +51,7 @@ class ForcedSource:
         self.vocab = vocab
         self.verifies = 0
         self.rng = random.Random(seed)
+        self.obs_rng = random.Random(seed + 1)    # observed_draft's own coins: spoil's stay as they were
 
     def propose(self, tokens: list[int], tok: int, max_k: int) -> list[int]:
         """tokens: every token fed so far; tok: the token just picked."""
@@ -80,3 +81,20 @@ class ForcedSource:
             ps = m.ps or (m.p,)
             wrong = {j + 1 for j in range(k) if self.rng.random() >= ps[min(j, len(ps) - 1)]}
         return [(d + 1) % self.vocab if (j + 1) in wrong else d for j, d in enumerate(drafts)]
+
+    def observed_draft(self, position: int, draft: int) -> int | None:
+        """The draft at 0-based `position` that no verify carried, as this mode would have
+        spoiled it (so the decoder's free observation sees what a verify would have), or None
+        where the mode's spoiling depends on the verify (mixed, cycle)."""
+        m = self.mode
+        if m.kind == "accept":
+            return draft
+        if m.kind == "reject":
+            return (draft + 1) % self.vocab
+        if m.kind == "row":
+            return (draft + 1) % self.vocab if position + 1 == m.row else draft
+        if m.kind == "bernoulli":
+            ps = m.ps or (m.p,)
+            stands = self.obs_rng.random() < ps[min(position, len(ps) - 1)]
+            return draft if stands else (draft + 1) % self.vocab
+        return None
