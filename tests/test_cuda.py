@@ -42,8 +42,8 @@ def _batched_invariant(fn, *xs):
 
 
 # 35B-A3B decode shapes: in_proj (q|k|v|z|b|a), out_proj, attention qkv, router+shared, expert
-# gate_up and down, shared down, lm_head
-LINEAR_SHAPES = [(2048, 12352), (4096, 2048), (2048, 9216), (2048, 1281), (2048, 1024), (512, 2048),
+# (256 + 1 + 2 * 512, padded to 1288), expert gate_up and down, shared down, lm_head
+LINEAR_SHAPES = [(2048, 12352), (4096, 2048), (2048, 9216), (2048, 1288), (2048, 1024), (512, 2048),
                  (2048, 248320)]
 
 
@@ -75,6 +75,15 @@ def test_norm_kernels_match_torch():
              (gated_rms_norm(x, z, w + 1, 1e-6, P), layers._gated_rms_norm(x, z, w + 1, 1e-6, layers.BATCH))]
     for got, ref in pairs:
         assert (got.float() - ref.float()).norm() / ref.float().norm() < 1e-2
+
+
+def test_add_norm_kernel_equals_add_then_norm():
+    from verispec.ops import cuda_norms
+    x, h, w = _rand(16, 2048), _rand(16, 2048), _rand(2048) * 0.1
+    s, y = cuda_norms.add_row_norm(x, h, w, 1e-6)
+    assert torch.equal(s, x + h)
+    assert torch.equal(y, cuda_norms.row_norm(x + h, cuda_norms.ZC, 1e-6, w))
+    _batched_invariant(lambda a, b: torch.cat(cuda_norms.add_row_norm(a, b, w, 1e-6), -1), x, h)
 
 
 def test_router_rows():
@@ -185,6 +194,72 @@ def test_deltanet_kernels_rows_slots_and_reference():
     assert (got - ref).norm() / ref.norm() < 1e-4 and (s1 - s2).norm() / s2.norm() < 1e-4
     a, b = cd.conv_rows(x, r1, cw, []), deltanet.conv_rows(x, r2, cw)
     assert (a.float() - b.float()).norm() / b.float().norm() < 2e-2 and torch.equal(r1, r2)
+
+
+def test_router_kernel_rows_and_reference():
+    for lg in (_rand(16, 1288) * 3, _rand(16, 1288, dtype=torch.float32) * 3):
+        full_w, full_i = cuda_moe.route(lg, 256, 8, True)
+        for m in ROWS:
+            w, i = cuda_moe.route(lg[:m], 256, 8, True)
+            assert torch.equal(w, full_w[:m]) and torch.equal(i, full_i[:m]), m
+    # fp32 logits from randn have no ties: the same experts in the same order as torch.topk
+    p = torch.softmax(lg[:, :256], -1)
+    rw, ri = torch.topk(p, 8, -1)
+    assert torch.equal(full_i.long(), ri)
+    assert torch.allclose(full_w, rw / rw.sum(-1, keepdim=True), rtol=1e-5, atol=1e-7)
+    # bf16 logits tie often (8 mantissa bits): ties go to the lower expert id
+    w, i = cuda_moe.route(torch.zeros(2, 256, device="cuda", dtype=BF), 256, 8, True)
+    assert i.tolist() == [list(range(8))] * 2 and torch.equal(w, torch.full_like(w, 0.125))
+
+
+def test_shared_swiglu_and_gated_combine_rows_and_reference():
+    x = _rand(16, 1288)
+    full = cuda_moe.silu_mul(x, 257, 512)
+    for m in ROWS:
+        assert torch.equal(cuda_moe.silu_mul(x[:m], 257, 512), full[:m]), m
+    ref = F.silu(x[:, 257:769]) * x[:, 769:1281]
+    assert (full.float() - ref.float()).norm() / ref.float().norm() < 1e-2
+    e, inter, h, k = 256, 512, 2048, 8
+    hx, shared = _rand(16, h), _rand(16, h)
+    gu, dn = _rand(e, 2 * inter, h) * h ** -0.5, _rand(e, h, inter) * inter ** -0.5
+    w, i = cuda_moe.route(_rand(16, 256) * 3, 256, 8, True)
+    out = cuda_moe.routed_experts(hx, w, i, gu, dn, extra=shared, extra_gate=x[:, 256:257])
+    for m in ROWS:
+        got = cuda_moe.routed_experts(hx[:m], w[:m], i[:m], gu, dn, extra=shared[:m], extra_gate=x[:m, 256:257])
+        assert torch.equal(got, out[:m]), m
+    ref = cuda_moe._routed_experts_torch(hx, w, i.long(), gu, dn) + torch.sigmoid(x[:, 256:257]) * shared
+    assert (out.float() - ref.float()).norm() / ref.float().norm() < 2e-2
+
+
+def test_delta_step_kernel_rows_slots_and_reference():
+    """The fused step (norms, beta, g and the delta rule in one launch per row) against the
+    torch path from the same bf16 inputs, and row by row against itself."""
+    from verispec.ops import cuda_deltanet as cd
+    hk, hv, dk, dv = 16, 32, 128, 128
+    mixed = _rand(16, 2 * hk * dk + hv * dv)
+    ba = _rand(16, 2 * hv + 8)
+    alog, dtb = torch.rand(hv, device="cuda") * 4, _rand(hv)
+    s0 = torch.randn(hv, dk, dv, device="cuda") * 0.1
+    for m in ROWS:
+        s1, s2 = s0.clone(), s0.clone()
+        slots = [torch.zeros_like(s0) for _ in range(m)]
+        many = cd.delta_step_rows(mixed[:m], ba[:m], alog, dtb, s1, slots, hk, dk, dv)
+        for i in range(m):
+            one = cd.delta_step_rows(mixed[i:i + 1], ba[i:i + 1], alog, dtb, s2, [], hk, dk, dv)
+            assert torch.equal(many[i:i + 1], one) and torch.equal(slots[i], s2), (m, i)
+    s1, s2 = s0.clone(), s0.clone()
+    got = cd.delta_step_rows(mixed, ba, alog, dtb, s1, [], hk, dk, dv)
+    q = mixed[:, :hk * dk].reshape(16, hk, dk)
+    k = mixed[:, hk * dk:2 * hk * dk].reshape(16, hk, dk)
+    v = mixed[:, 2 * hk * dk:].reshape(16, hv, dv)
+    beta = torch.sigmoid(ba[:, :hv])
+    g = -alog * F.softplus(ba[:, hv:2 * hv].float() + dtb)
+    deltanet.cuda_deltanet.enabled = False
+    try:
+        ref = deltanet.delta_rule_rows(q, k, v, g, beta, s2)
+    finally:
+        deltanet.cuda_deltanet.enabled = True
+    assert (got - ref).norm() / ref.norm() < 1e-4 and (s1 - s2).norm() / s2.norm() < 1e-4
 
 
 def _model_rows(model, n: int):

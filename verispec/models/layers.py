@@ -62,7 +62,14 @@ class Padded(Rows):
         if rows > self.n:
             raise ValueError(f"{rows} rows on a path padded to {self.n}")
         if rows < self.n:
-            xs = tuple(torch.cat([x, x.new_zeros((self.n - rows,) + tuple(x.shape[1:]))]) for x in xs)
+            # rows past `rows` are left as they come (any bits): every op run under this policy
+            # computes each row from that row alone, so they cannot reach the rows kept
+            padded = []
+            for x in xs:
+                buf = x.new_empty((self.n,) + tuple(x.shape[1:]))
+                buf[:rows].copy_(x)
+                padded.append(buf)
+            xs = tuple(padded)
         out = fn(*xs)
         if isinstance(out, tuple):
             return tuple(o[:rows] for o in out)
@@ -96,6 +103,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows=False) -> t
     if cuda_norms.usable(x):      # one program per row: invariant without padding
         return cuda_norms.row_norm(x, cuda_norms.ZC, eps, weight)
     return policy(rows).reduce(lambda t: _rms_norm(t, weight, eps), x)
+
+
+def add_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, rows=False):
+    """(x + h, rms_norm(x + h)): the residual add and the next norm, one launch on the GPU."""
+    if cuda_norms.usable(x):
+        return cuda_norms.add_row_norm(x, h, weight, eps)
+    x = x + h
+    return x, rms_norm(x, weight, eps, rows)
 
 
 def _gated_rms_norm(x, gate, weight, eps, rp: Rows):

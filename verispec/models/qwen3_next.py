@@ -23,7 +23,8 @@ from ..ops import cuda_deltanet, cuda_moe
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
-from .layers import BATCH, ROWWISE, Padded, RopeTable, apply_rope, gated_rms_norm, policy, rms_norm, rowwise, silu_mul
+from .layers import (BATCH, ROWWISE, Padded, RopeTable, add_norm, apply_rope, gated_rms_norm, policy, rms_norm, rowwise,
+                     silu_mul)
 
 EXACT_ROWS = 16
 FAMILIES = ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
@@ -249,7 +250,10 @@ def load_moe(w: _Weights, p: str, a: ModelArgs) -> MoE:
             gus.append(torch.cat([g, u], 0))
             downs.append(w.pop(f"{p}.experts.{i}.down_proj.weight", (h, inter)))
         gu, dn = torch.stack(gus), torch.stack(downs)
-    pre = torch.cat([router, sgate, sg, su], 0).contiguous()
+    pre = torch.cat([router, sgate, sg, su], 0)
+    # zero rows up to a multiple of 8, so the product's rows are 16-byte aligned (cuBLAS fell
+    # back to an unaligned kernel at 2.5x the time for 256 + 1 + 2 * 512 = 1281 outputs)
+    pre = torch.cat([pre, pre.new_zeros((-pre.shape[0]) % 8, h)], 0).contiguous()
     return MoE(pre, sd, [gu[i] for i in range(e)], [dn[i] for i in range(e)], gu, dn, e, a.num_experts_per_tok,
                a.norm_topk_prob, si)
 
@@ -417,19 +421,19 @@ class Model:
         rp = self.rows_exact if exact else BATCH
         eps = self.args.rms_norm_eps
         x = self.embed[ids]                                     # [rows, H]
-        for layer in self.layers:
-            h = rms_norm(x, layer.in_norm, eps, rp)
+        norms = [w for layer in self.layers for w in (layer.in_norm, layer.post_norm)] + [self.norm]
+        h = rms_norm(x, norms[0], eps, rp)
+        for i, layer in enumerate(self.layers):
             if isinstance(layer.mixer, LinearAttn):
                 h = self._linear_attn(layer.mixer, h, state, rp, save_slots, lin)
             else:
                 h = self._full_attn(layer.mixer, h, state, start, rp, lin, pos=pos)
-            x = x + h
-            h = rms_norm(x, layer.post_norm, eps, rp)
-            x = x + (self.moe(layer.mlp, h, lin, rp) if isinstance(layer.mlp, MoE)
+            x, h = add_norm(x, h, norms[2 * i + 1], eps, rp)
+            h = (self.moe(layer.mlp, h, lin, rp) if isinstance(layer.mlp, MoE)
                  else self.dense(layer.mlp, h, lin, rp))
-        hidden = rms_norm(x, self.norm, eps, rp)
-        logits = lin(hidden, self.lm_head).float()
-        return logits, hidden, x
+            x, h = add_norm(x, h, norms[2 * i + 2], eps, rp)   # the next layer's input norm, or the final one
+        logits = lin(h, self.lm_head).float()
+        return logits, h, x
 
     def _linear_attn(self, m: LinearAttn, h, state: State, exact, save_slots, lin):
         a = self.args
@@ -462,7 +466,11 @@ class Model:
             conv_slots = rec_slots = None
         if rp is not BATCH and kernels:
             mixed = cuda_deltanet.conv_rows(mixed, ring, m.conv, conv_slots)
-        elif rp is not BATCH:
+            o = cuda_deltanet.delta_step_rows(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec, rec_slots,
+                                              a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim)
+            o = gated_rms_norm(o.to(h.dtype), z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
+            return lin(o.reshape(rows, vd), m.out)
+        if rp is not BATCH:
             mixed = dn_ops.conv_rows(mixed, ring, m.conv, on_row=save_conv)
         else:
             mixed = dn_ops.conv_prefill(mixed, ring, m.conv)
@@ -525,7 +533,14 @@ class Model:
     def moe(self, m: MoE, h, lin, exact):
         exact = policy(exact)
         e, si = m.n_experts, m.shared_inter
-        pre = lin(h, m.pre)                                     # [rows, E + 1 + 2*Is]
+        pre = lin(h, m.pre)                                     # [rows, E + 1 + 2*Is (+ zero rows to 8)]
+        if exact is not BATCH and cuda_moe.available(h.device):
+            # every step one program per row (router, shared SwiGLU) or per (row, slot) (experts):
+            # ids stay on the device (no host sync, capturable); nothing depends on the row count
+            top_w, top_i = cuda_moe.route(pre, e, m.top_k, m.norm_topk)
+            shared = lin(cuda_moe.silu_mul(pre, e + 1, si), m.shared_down)
+            return cuda_moe.routed_experts(h, top_w, top_i, m.gu_all, m.down_all, extra=shared,
+                                           extra_gate=pre[:, e:e + 1])
 
         def route(logits):                                      # [rows, E] -> weights, ids [rows, top_k]
             probs = torch.softmax(logits.float(), dim=-1)
@@ -535,11 +550,11 @@ class Model:
             return top_w, top_i
 
         top_w, top_i = exact.reduce(route, pre[:, :e])
-        shared = lin(silu_mul(pre[:, e + 1:e + 1 + si], pre[:, e + 1 + si:], exact), m.shared_down)
+        shared = lin(silu_mul(pre[:, e + 1:e + 1 + si], pre[:, e + 1 + si:e + 1 + 2 * si], exact), m.shared_down)
         gated = rowwise(torch.sigmoid, pre[:, e:e + 1], exact=exact) * shared
         if isinstance(exact, Padded) or cuda_moe.available(h.device):
             # expert ids stay on the device: no host sync, capturable, one program per (row, slot)
-            return cuda_moe.routed_experts(h, top_w, top_i, m.gu_all, m.down_all) + gated
+            return cuda_moe.routed_experts(h, top_w, top_i, m.gu_all, m.down_all, extra=gated)
         out = torch.zeros_like(h)
         # Experts in ascending id, each adding into its rows: a row's sum order is its
         # own experts' order, whatever the other rows routed to.

@@ -7,7 +7,8 @@ Each program's result depends only on its own row and expert, summed in a fixed 
 a row's bits cannot depend on how many rows (or which other experts) share the launch.
 
   gate_up:  act[p, j] = silu(W_gu[e_p, j] . x_r) * (W_gu[e_p, I + j] . x_r)     p = (r, s)
-  down:     out[r, n] = sum over s = 0..K-1, in slot order, of w[r, s] * (W_d[e_(r,s), n] . act[(r, s)])
+  down:     y[p, n] = W_d[e_p, n] . act[p]                       (fp32, one program per pair and block of n)
+  combine:  out[r, n] = sum over s = 0..K-1, in slot order, of w[r, s] * y[(r, s), n]
 
 Without Triton (the CPU, where the padded policy runs in tests) the same arithmetic runs
 one pair at a time in torch, with host-side ids.
@@ -51,30 +52,110 @@ if triton is not None:
         tl.store(act_ptr + pair * I + offs_n, act.to(act_ptr.dtype.element_ty), mask=n_ok)
 
     @triton.jit
-    def _down_sum(act_ptr, w_ptr, ids_ptr, wt_ptr, out_ptr, H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        row = tl.program_id(0)
+    def _down_pair(act_ptr, w_ptr, ids_ptr, y_ptr, H: tl.constexpr, I: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pair = tl.program_id(0)
         nb = tl.program_id(1)
+        e = tl.load(ids_ptr + pair).to(tl.int64)
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < H
-        total = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for s in range(TOP_K):
-            pair = row * TOP_K + s
-            e = tl.load(ids_ptr + pair).to(tl.int64)
-            wt = tl.load(wt_ptr + pair).to(tl.float32)
-            w_rows = w_ptr + e * H * I + offs_n[:, None].to(tl.int64) * I
-            acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for k0 in range(0, I, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                k_ok = offs_k < I
-                av = tl.load(act_ptr + pair * I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-                acc += tl.sum(wv * av[None, :], axis=1)
-            total += wt * acc
-        tl.store(out_ptr + row * H + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_ok)
+        w_rows = w_ptr + e * H * I + offs_n[:, None].to(tl.int64) * I
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = offs_k < I
+            av = tl.load(act_ptr + pair * I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            acc += tl.sum(wv * av[None, :], axis=1)
+        tl.store(y_ptr + pair * H + offs_n, acc, mask=n_ok)
+
+    @triton.jit
+    def _combine(y_ptr, wt_ptr, extra_ptr, gate_ptr, gate_stride, out_ptr, H: tl.constexpr, TOP_K: tl.constexpr,
+                 HAS_EXTRA: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        nb = tl.program_id(1)
+        offs = nb * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < H
+        total = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in tl.static_range(TOP_K):                      # slot order, fixed
+            wt = tl.load(wt_ptr + row * TOP_K + s).to(tl.float32)
+            total += wt * tl.load(y_ptr + (row * TOP_K + s) * H + offs, mask=ok, other=0.0)
+        out = total.to(out_ptr.dtype.element_ty)
+        if HAS_EXTRA:   # as torch adds two bf16 tensors: in fp32, rounded once
+            extra = tl.load(extra_ptr + row * H + offs, mask=ok, other=0.0).to(tl.float32)
+            if HAS_GATE:    # sigmoid(gate) * extra, each rounded to bf16 as torch's two ops round
+                sg = tl.sigmoid(tl.load(gate_ptr + row * gate_stride).to(tl.float32))
+                sg = sg.to(out_ptr.dtype.element_ty).to(tl.float32)
+                extra = (sg * extra).to(out_ptr.dtype.element_ty).to(tl.float32)
+            out = (out.to(tl.float32) + extra).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + row * H + offs, out, mask=ok)
 
 
-BLOCKS = {"gate_up": (16, 256), "down": (32, 128)}   # (BLOCK_N, BLOCK_K); tuned on the H200 in bench/cuda_bench.py
+    @triton.jit
+    def _route(x_ptr, stride, w_ptr, i_ptr, E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
+               NORM: tl.constexpr, BLOCK_E: tl.constexpr):
+        """One row's router: softmax over E logits (fp32), the top K by repeated argmax (ties
+        to the lower expert id), optionally renormalised."""
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK_E)
+        ok = offs < E
+        x = tl.load(x_ptr + row * stride + offs, mask=ok, other=float("-inf")).to(tl.float32)
+        ex = tl.exp(x - tl.max(x, 0))
+        p = tl.where(ok, ex / tl.sum(ex, 0), -1.0)
+        ks = tl.arange(0, KP)
+        wv = tl.zeros([KP], dtype=tl.float32)
+        iv = tl.zeros([KP], dtype=tl.int32)
+        for j in tl.static_range(TOP_K):
+            best = tl.max(p, 0)
+            idx = tl.min(tl.where(p == best, offs, BLOCK_E), 0)
+            wv = tl.where(ks == j, best, wv)
+            iv = tl.where(ks == j, idx, iv)
+            p = tl.where(offs == idx, -1.0, p)
+        if NORM:
+            wv = wv / tl.sum(wv, 0)
+        tl.store(w_ptr + row * TOP_K + ks, wv, mask=ks < TOP_K)
+        tl.store(i_ptr + row * TOP_K + ks, iv, mask=ks < TOP_K)
+
+    @triton.jit
+    def _silu_mul(x_ptr, stride, out_ptr, G0: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr):
+        """out[r] = silu(x[r, G0:G0+N]) * x[r, G0+N:G0+2N], rounded as torch's silu then mul."""
+        row = tl.program_id(0)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < N
+        g = tl.load(x_ptr + row * stride + G0 + offs, mask=ok, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + row * stride + G0 + N + offs, mask=ok, other=0.0).to(tl.float32)
+        sg = (g * tl.sigmoid(g)).to(out_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(out_ptr + row * N + offs, (sg * u).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) per kernel; fixed, never autotuned (a tuner choosing
+# by row count would change the reduction order with it). Chosen on the H200 by
+# bench/cuda_moe_sweep.py (docs/cuda.md).
+CONFIG = {"gate_up": (8, 256, 8, 3), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1)}
+
+
+def route(logits: torch.Tensor, n_experts: int, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [R, >= E] (the first E columns are the router's; any row stride) -> weights [R, K]
+    fp32, expert ids [R, K] int32. One program per row."""
+    rows = logits.shape[0]
+    if logits.stride(1) != 1:
+        raise ValueError("router logits need unit stride along the experts")
+    w = torch.empty(rows, top_k, dtype=torch.float32, device=logits.device)
+    i = torch.empty(rows, top_k, dtype=torch.int32, device=logits.device)
+    _route[(rows,)](logits, logits.stride(0), w, i, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k),
+                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), num_warps=4)
+    return w, i
+
+
+def silu_mul(x: torch.Tensor, start: int, n: int) -> torch.Tensor:
+    """silu(x[:, start:start+n]) * x[:, start+n:start+2n] -> [R, n], one program per row and block."""
+    rows = x.shape[0]
+    if x.stride(1) != 1:
+        raise ValueError("silu_mul needs unit stride along the features")
+    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    block = 512
+    _silu_mul[(rows, triton.cdiv(n, block))](x, x.stride(0), out, G0=start, N=n, BLOCK=block, num_warps=4)
+    return out
 
 
 def available(device: torch.device) -> bool:
@@ -82,22 +163,37 @@ def available(device: torch.device) -> bool:
 
 
 def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu_all: torch.Tensor,
-                   down_all: torch.Tensor) -> torch.Tensor:
-    """x [R, H]; top_w [R, K] fp32; top_i [R, K]; gu_all [E, 2I, H]; down_all [E, H, I] -> [R, H] (x's dtype)."""
+                   down_all: torch.Tensor, extra: torch.Tensor | None = None,
+                   extra_gate: torch.Tensor | None = None) -> torch.Tensor:
+    """x [R, H]; top_w [R, K] fp32; top_i [R, K]; gu_all [E, 2I, H]; down_all [E, H, I] -> [R, H] (x's dtype),
+    plus `extra` [R, H] (the shared expert's output), times sigmoid(extra_gate [R, 1]) when given,
+    added as torch adds two such tensors."""
     rows, k = top_i.shape
     e, two_i, h = gu_all.shape
     inter = two_i // 2
     if not available(x.device):
-        return _routed_experts_torch(x, top_w, top_i, gu_all, down_all)
+        out = _routed_experts_torch(x, top_w, top_i, gu_all, down_all)
+        if extra is not None and extra_gate is not None:
+            extra = torch.sigmoid(extra_gate) * extra
+        return out if extra is None else out + extra
     x = x.contiguous()
     ids = top_i.reshape(-1).to(torch.int32)
     wts = top_w.reshape(-1).to(torch.float32).contiguous()
     act = torch.empty(rows * k, inter, dtype=x.dtype, device=x.device)
-    bn, bk = BLOCKS["gate_up"]
-    _gate_up_act[(rows * k, triton.cdiv(inter, bn))](x, gu_all, ids, act, inter, h, TOP_K=k, BLOCK_N=bn, BLOCK_K=bk)
+    bn, bk, nw, ns = CONFIG["gate_up"]
+    _gate_up_act[(rows * k, triton.cdiv(inter, bn))](x, gu_all, ids, act, inter, h, TOP_K=k, BLOCK_N=bn,
+                                                      BLOCK_K=bk, num_warps=nw, num_stages=ns)
+    y = torch.empty(rows * k, h, dtype=torch.float32, device=x.device)
+    bn, bk, nw, ns = CONFIG["down"]
+    _down_pair[(rows * k, triton.cdiv(h, bn))](act, down_all, ids, y, h, inter, BLOCK_N=bn, BLOCK_K=bk,
+                                                num_warps=nw, num_stages=ns)
     out = torch.empty(rows, h, dtype=x.dtype, device=x.device)
-    bn, bk = BLOCKS["down"]
-    _down_sum[(rows, triton.cdiv(h, bn))](act, down_all, ids, wts, out, h, inter, TOP_K=k, BLOCK_N=bn, BLOCK_K=bk)
+    blk, _, nw, ns = CONFIG["combine"]
+    ex = extra.contiguous() if extra is not None else out
+    gate = extra_gate if extra_gate is not None else wts
+    _combine[(rows, triton.cdiv(h, blk))](y, wts, ex, gate, gate.stride(0), out, h, TOP_K=k,
+                                          HAS_EXTRA=extra is not None, HAS_GATE=extra_gate is not None,
+                                          BLOCK=blk, num_warps=nw, num_stages=ns)
     return out
 
 

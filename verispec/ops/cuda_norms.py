@@ -9,6 +9,7 @@ Modes (all arithmetic in fp32, the result in the output's dtype):
   ZC     Qwen3-Next RMSNorm:  x * rsqrt(mean(x^2) + eps) * (1 + w)
   L2     the q/k L2 norm:      x * rsqrt(sum(x^2) + eps)
   GATED  the DeltaNet output:  w * bf16(x * rsqrt(mean(x^2) + eps)) * silu(z)
+and `add_row_norm`, the residual add fused with the next ZC norm.
 """
 
 from __future__ import annotations
@@ -45,6 +46,21 @@ if triton is not None:
                 y = y * (z * tl.sigmoid(z))
         tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
 
+    @triton.jit
+    def _add_row_norm(x_ptr, h_ptr, w_ptr, s_ptr, y_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr):
+        """The residual add and the next RMSNorm in one pass: s = x + h (rounded to the
+        activations' dtype, as torch adds), y = ZC-norm(s)."""
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        m = offs < N
+        s = (tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
+             + tl.load(h_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)).to(s_ptr.dtype.element_ty)
+        tl.store(s_ptr + row * N + offs, s, mask=m)
+        x = s.to(tl.float32)
+        y = x * tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+        y = y * (1.0 + tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32))
+        tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
+
 
 def usable(x: torch.Tensor) -> bool:
     return enabled and triton is not None and x.is_cuda
@@ -60,3 +76,12 @@ def row_norm(x: torch.Tensor, mode: int, eps: float, weight: torch.Tensor | None
     z = gate.contiguous() if gate is not None else xc
     _row_norm[(xc.numel() // n,)](xc, w, z, y, eps, N=n, BLOCK=triton.next_power_of_2(n), MODE=mode)
     return y
+
+
+def add_row_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + h, RMSNorm(x + h) with zero-centred weight) for x, h [rows, N]; one program per row."""
+    n = x.shape[-1]
+    xc, hc = x.contiguous(), h.contiguous()
+    s, y = torch.empty_like(xc), torch.empty_like(xc)
+    _add_row_norm[(xc.numel() // n,)](xc, hc, weight.contiguous(), s, y, eps, N=n, BLOCK=triton.next_power_of_2(n))
+    return s, y
