@@ -54,6 +54,21 @@ def test_padded_linear_rows(k, n):
     _batched_invariant(lambda x: lin(x, w), _rand(16, k))
 
 
+@pytest.mark.parametrize("k,n", LINEAR_SHAPES + [(4096, 2048 + 40), (512, 100)])
+def test_exact_gpu_linear_rows_and_reference(k, n):
+    """The fixed-order Triton product the exact path runs (cuda_gemv), at every decode shape
+    and two that no block size divides."""
+    from verispec.models.qwen3_next import gpu_exact_linear
+    from verispec.ops import cuda_gemv
+    w, x = _rand(n, k) * k ** -0.5, _rand(16, k)
+    assert cuda_gemv.usable(x, w)
+    lin = gpu_exact_linear(PAD_ROWS)
+    _batched_invariant(lambda t: lin(t, w), x)
+    ref = F.linear(x.float(), w.float())
+    got = lin(x, w).float()
+    assert (got - ref).norm() / ref.norm() < 1e-2
+
+
 def test_norms_and_elementwise_rows():
     w = _rand(2048) * 0.1
     _batched_invariant(lambda x: rms_norm(x, w, 1e-6, P), _rand(16, 2048))

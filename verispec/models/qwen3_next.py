@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
-from ..ops import cuda_deltanet, cuda_moe
+from ..ops import cuda_deltanet, cuda_gemv, cuda_moe
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -302,6 +302,18 @@ def padded_linear(n: int):
     return lambda x, w: rp.reduce(lambda t: F.linear(t, w), x)
 
 
+def gpu_exact_linear(n: int):
+    """The exact path's products on CUDA: the fixed-order Triton kernel for up to 16 rows
+    (verispec/ops/cuda_gemv.py), the padded cuBLAS product where it does not apply."""
+    padded = padded_linear(n)
+
+    def lin(x, w):
+        if n == cuda_gemv.ROWS and cuda_gemv.usable(x, w):
+            return cuda_gemv.linear_rows(x, w)
+        return padded(x, w)
+    return lin
+
+
 class Model:
     def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor], execution: Execution | None = None):
         self.args = a = args
@@ -312,7 +324,8 @@ class Model:
                        for k, v in tensors.items()}
         self.graphs = None          # a CUDA-graph runner for the exact path (verispec/cuda_graphs.py)
         if ex.pad_rows:
-            self.rows_exact, self.lin_exact, self.lin_fast = Padded(ex.pad_rows), padded_linear(ex.pad_rows), F.linear
+            lin = gpu_exact_linear(ex.pad_rows) if ex.is_cuda else padded_linear(ex.pad_rows)
+            self.rows_exact, self.lin_exact, self.lin_fast = Padded(ex.pad_rows), lin, F.linear
         else:
             # looked up at call time, so profilers and tests can wrap the module's functions
             self.rows_exact = ROWWISE

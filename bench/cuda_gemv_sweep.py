@@ -1,0 +1,99 @@
+"""Block sizes for the decode matrix-product kernel (verispec/ops/cuda_gemv.py), per weight shape.
+
+For every decode/verify product of the 35B-A3B shape, every candidate configuration is timed
+(CUDA events around a CUDA graph of 32 calls, so the time is the GPU's, not Python's launches;
+several copies of the weight are cycled so it comes from HBM, not L2) at 1 and 4 rows, beside
+cuBLAS on the same rows padded to 16 (the path it replaces). Prints the best per shape and
+the CONFIG table to paste; writes cuda_gemv_sweep.json.
+
+  python3 bench/cuda_gemv_sweep.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from verispec.ops import cuda_gemv  # noqa: E402
+
+# (K, N): DeltaNet in_proj, attention qkv, DeltaNet/attention out, router + shared (padded),
+# shared expert down, MTP fc, lm_head
+SHAPES = [(2048, 12352), (2048, 9216), (4096, 2048), (2048, 1288), (512, 2048), (4096, 2048), (2048, 248320)]
+
+
+def timed(fns, reps: int = 32) -> float:
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(reps):
+            fns[i % len(fns)]()
+    g.replay()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    a.record()
+    for _ in range(4):
+        g.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / (4 * reps) * 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    bf = torch.bfloat16
+    res = {"gpu": torch.cuda.get_device_name(), "shapes": {}}
+    table = {}
+    for k, n in dict.fromkeys(SHAPES):
+        copies = max(1, math.ceil(256e6 / (k * n * 2)))
+        ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(bf) for _ in range(copies)]
+        out = {"cublas_padded": {}, "configs": []}
+        for rows in (1, 4):
+            x = torch.randn(rows, k, device="cuda").to(bf)
+            pad = torch.zeros(16, k, device="cuda", dtype=bf)
+            out["cublas_padded"][rows] = timed([lambda w=w: F.linear(pad, w) for w in ws])
+        for bn, bk, nw, ns in itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8), (3, 4)):
+            if bk > k:
+                continue
+            cfg = (bn, bk, nw, ns)
+            row = {"cfg": list(cfg)}
+            try:
+                for rows in (1, 4):
+                    x = torch.randn(rows, k, device="cuda").to(bf)
+                    row[rows] = timed([lambda w=w: cuda_gemv.linear_rows(x, w, cfg) for w in ws])
+            except Exception as e:    # out of resources: not a candidate
+                print(k, n, cfg, type(e).__name__, flush=True)
+                continue
+            out["configs"].append(row)
+        best = sorted(out["configs"], key=lambda r: r[1] + 0.25 * r[4])[:5]
+        gb = k * n * 2 / 1e9
+        print(f"K {k} N {n} ({gb * 1e3:.0f} MB): cuBLAS padded {out['cublas_padded'][1]:.1f} / "
+              f"{out['cublas_padded'][4]:.1f} us (1 / 4 rows); best: " + "; ".join(
+                  f"{r['cfg']} {r[1]:.1f} / {r[4]:.1f} us ({gb / r[1] * 1e6 / 1e3:.2f} TB/s)" for r in best), flush=True)
+        res["shapes"][f"{k}x{n}"] = out
+        table[(k, n)] = tuple(best[0]["cfg"])
+        del ws
+        torch.cuda.empty_cache()
+    print("CONFIG = {" + ", ".join(f"({k}, {n}): {v}" for (k, n), v in table.items()) + "}")
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    with open(Path(a.out) / "cuda_gemv_sweep.json", "w") as f:
+        json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Decode/verify matrix products on the GPU: one Triton kernel for 1..16 rows, each weight
+tile read once for all rows.
+
+cuBLAS picks its algorithm from the launch shape, so the exact path used to pad every
+product to 16 rows (a copy in, a slice out) and still ran cuBLAS's split-K kernels at a
+fraction of the bandwidth on the small shapes. Here a program owns a block of output
+columns, walks K in a fixed order and multiplies its weight tile with all 16 row slots at
+once (`tl.dot`, fp32 accumulation); rows past R are masked to zero on load. The compiled
+kernel and its instruction sequence do not depend on R, and a row's products involve that
+row's inputs alone, so row i's bits cannot depend on how many rows came with it.
+
+Block sizes are fixed per weight shape (CONFIG; never autotuned: a tuner choosing by row
+count would change the reduction order with it), chosen on the H200 by
+bench/cuda_gemv_sweep.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+ROWS = 16
+
+if triton is not None:
+    @triton.jit
+    def _gemv_rows(x_ptr, w_ptr, y_ptr, R, N, x_stride, K: tl.constexpr, ROWS_P: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        nb = tl.program_id(0)
+        offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_r = tl.arange(0, ROWS_P)
+        n_ok = offs_n < N
+        r_ok = offs_r < R
+        w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
+        acc = tl.zeros([ROWS_P, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + offs_r[:, None] * x_stride + offs_k[None, :], mask=r_ok[:, None], other=0.0)
+            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc)
+        tl.store(y_ptr + offs_r[:, None] * N + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=r_ok[:, None] & n_ok[None, :])
+
+
+# (K, N) -> (BLOCK_N, BLOCK_K, num_warps, num_stages); DEFAULT for shapes not listed
+DEFAULT = (32, 128, 4, 4)
+CONFIG: dict[tuple[int, int], tuple[int, int, int, int]] = {
+    (2048, 12352): (32, 128, 4, 4), (2048, 9216): (128, 256, 4, 4), (4096, 2048): (16, 256, 4, 4),
+    (2048, 1288): (32, 256, 4, 4), (512, 2048): (32, 128, 4, 4), (2048, 248320): (64, 256, 4, 3)}
+
+
+def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
+    k = w.shape[1]
+    return (triton is not None and x.is_cuda and x.dtype == w.dtype == torch.bfloat16 and x.dim() == 2
+            and 1 <= x.shape[0] <= ROWS and x.stride(1) == 1 and w.is_contiguous() and k % 64 == 0)
+
+
+def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """x [R, K] (R <= 16, unit stride along K) @ w[N, K]^T -> [R, N] in x's dtype."""
+    rows, k = x.shape
+    n = w.shape[0]
+    bn, bk, nw, ns = config or CONFIG.get((k, n), DEFAULT)
+    bk = min(bk, k)
+    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    _gemv_rows[(triton.cdiv(n, bn),)](x, w, y, rows, n, x.stride(0), K=k, ROWS_P=ROWS, BLOCK_N=bn, BLOCK_K=bk,
+                                      num_warps=nw, num_stages=ns)
+    return y
