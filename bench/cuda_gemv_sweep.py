@@ -66,10 +66,15 @@ def main() -> int:
             x = torch.randn(rows, k, device="cuda").to(bf)
             pad = torch.zeros(16, k, device="cuda", dtype=bf)
             out["cublas_padded"][rows] = timed([lambda w=w: F.linear(pad, w) for w in ws])
-        for bn, bk, nw, ns in itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8), (3, 4)):
-            if bk > k:
+        cands = [(bn, bk, nw, ns, 1) for bn, bk, nw, ns in itertools.product((16, 32, 64, 128), (64, 128, 256),
+                                                                                (4, 8), (3, 4))]
+        if n * k < 64e6:       # few output columns: also split K (2, 4, 8 chunks)
+            cands += [(bn, bk, nw, ns, sp) for bn, bk, nw, ns, sp in itertools.product((16, 32, 64), (64, 128, 256),
+                                                                                      (4,), (3, 4), (2, 4, 8))]
+        for cfg in cands:
+            bn, bk, nw, ns, sp = cfg
+            if bk > k or k % (bk * sp):
                 continue
-            cfg = (bn, bk, nw, ns)
             row = {"cfg": list(cfg)}
             try:
                 for rows in (1, 4):
@@ -88,7 +93,7 @@ def main() -> int:
         table[(k, n)] = tuple(best[0]["cfg"])
         del ws
         torch.cuda.empty_cache()
-    print("CONFIG = {" + ", ".join(f"({k}, {n}): {v}" for (k, n), v in table.items()) + "}")
+    print("CONFIG = {" + ", ".join(f"({k}, {n}): {v[:4] if v[4] == 1 else v}" for (k, n), v in table.items()) + "}")
     Path(a.out).mkdir(parents=True, exist_ok=True)
     with open(Path(a.out) / "cuda_gemv_sweep.json", "w") as f:
         json.dump(res, f, indent=1)

@@ -211,6 +211,40 @@ def test_deltanet_kernels_rows_slots_and_reference():
     assert (a.float() - b.float()).norm() / b.float().norm() < 2e-2 and torch.equal(r1, r2)
 
 
+def test_gated_attention_kernels_rows_and_reference():
+    """prep (norms, RoPE, cache writes) + attend (up to each row's position, gated): row by row
+    against itself for every row count, and against the torch path."""
+    from verispec.models.layers import RopeTable, _rms_norm, apply_rope
+    from verispec.ops import cuda_attention as ca
+    nh, nkv, hd, length, start = 16, 2, 256, 1100, 1000
+    rope = RopeTable(hd, 0.25, 1e7, "cuda")
+    rope.ensure(length)
+    proj = _rand(16, 2 * nh * hd + 2 * nkv * hd)
+    qn, kn = _rand(hd) * 0.1, _rand(hd) * 0.1
+    kc0, vc0 = _rand(nkv, length, hd), _rand(nkv, length, hd)
+    pos = torch.arange(16, device="cuda") + start
+    for m in ROWS:
+        kc, vc, kc1, vc1 = kc0.clone(), vc0.clone(), kc0.clone(), vc0.clone()
+        many = ca.gated_attention(proj[:m], qn, kn, rope.cos, rope.sin, pos[:m], kc, vc, nh, 1e-6)
+        for i in range(m):
+            one = ca.gated_attention(proj[i:i + 1], qn, kn, rope.cos, rope.sin, pos[i:i + 1], kc1, vc1, nh, 1e-6)
+            assert torch.equal(many[i:i + 1], one), (m, i)
+        assert torch.equal(kc, kc1) and torch.equal(vc, vc1), m
+    kc, vc = kc0.clone(), vc0.clone()
+    got = ca.gated_attention(proj, qn, kn, rope.cos, rope.sin, pos, kc, vc, nh, 1e-6)
+    qg = proj[:, :2 * nh * hd].view(16, nh, 2 * hd)
+    q, gate = _rms_norm(qg[..., :hd], qn, 1e-6), qg[..., hd:].reshape(16, nh * hd)
+    k = _rms_norm(proj[:, 2 * nh * hd:2 * nh * hd + nkv * hd].view(16, nkv, hd), kn, 1e-6)
+    v = proj[:, 2 * nh * hd + nkv * hd:].view(16, nkv, hd)
+    cos, sin = rope.cos[pos], rope.sin[pos]
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    kr, vr = kc0.clone(), vc0.clone()
+    kr[:, start:start + 16], vr[:, start:start + 16] = k.transpose(0, 1), v.transpose(0, 1)
+    assert (kc.float() - kr.float()).norm() / kr.float().norm() < 1e-2 and torch.equal(vc, vr)
+    ref = attention.attend_rows(q, kr, vr, start, hd ** -0.5).reshape(16, nh * hd) * torch.sigmoid(gate)
+    assert (got.float() - ref.float()).norm() / ref.float().norm() < 2e-2
+
+
 def test_router_kernel_rows_and_reference():
     for lg in (_rand(16, 1288) * 3, _rand(16, 1288, dtype=torch.float32) * 3):
         full_w, full_i = cuda_moe.route(lg, 256, 8, True)

@@ -162,6 +162,11 @@ class RopeTable:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(self.device), emb.sin().to(self.device)
 
+    def ensure(self, limit: int) -> None:
+        """Grow the table to at least `limit` positions (before a CUDA graph captures it)."""
+        if limit > self.cos.shape[0]:
+            self._grow(limit)
+
     def at(self, pos: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows for positions held in a device tensor (no host read: CUDA graphs); the table
         is grown to `limit` positions first."""

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
-from ..ops import cuda_deltanet, cuda_gemv, cuda_moe
+from ..ops import cuda_attention, cuda_deltanet, cuda_gemv, cuda_moe
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -508,6 +508,13 @@ class Model:
         nh, hd = a.num_attention_heads, a.head_dim
         kc, vc = state.k[m.index], state.v[m.index]
         scale = hd ** -0.5
+        if pos is not None and cuda_attention.usable(h):
+            # norms, RoPE, cache writes, attention up to each row's position and the gate in
+            # two launches (verispec/ops/cuda_attention.py)
+            self.rope.ensure(kc.shape[1])
+            o = cuda_attention.gated_attention(lin(h, m.w_qkv), m.q_norm, m.k_norm, self.rope.cos, self.rope.sin,
+                                               pos, kc, vc, nh, a.rms_norm_eps)
+            return lin(o, m.out)
         if pos is not None:
             q, gate, k, v = self.qkv(m, h, pos, lin, rp, limit=kc.shape[1])
             kc.index_copy_(1, pos, k.transpose(0, 1))

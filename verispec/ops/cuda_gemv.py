@@ -45,12 +45,45 @@ if triton is not None:
         tl.store(y_ptr + offs_r[:, None] * N + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=r_ok[:, None] & n_ok[None, :])
 
+    @triton.jit
+    def _gemv_rows_split(x_ptr, w_ptr, part_ptr, R, N, x_stride, K: tl.constexpr, ROWS_P: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+        """Split K: program (nb, s) writes its fp32 partial product over the s-th K chunk."""
+        nb = tl.program_id(0)
+        sp = tl.program_id(1)
+        offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_r = tl.arange(0, ROWS_P)
+        n_ok = offs_n < N
+        r_ok = offs_r < R
+        w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
+        acc = tl.zeros([ROWS_P, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K // SPLIT, BLOCK_K):
+            offs_k = sp * (K // SPLIT) + k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + offs_r[:, None] * x_stride + offs_k[None, :], mask=r_ok[:, None], other=0.0)
+            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc)
+        tl.store(part_ptr + (sp * ROWS_P + offs_r[:, None]) * N + offs_n[None, :], acc,
+                 mask=r_ok[:, None] & n_ok[None, :])
 
-# (K, N) -> (BLOCK_N, BLOCK_K, num_warps, num_stages); DEFAULT for shapes not listed
+    @triton.jit
+    def _split_sum(part_ptr, y_ptr, N, ROWS_P: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+        """y[r] = sum of the SPLIT partials of row r, in chunk order (fixed), rounded once."""
+        r = tl.program_id(0)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < N
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for sp in tl.static_range(SPLIT):
+            acc += tl.load(part_ptr + (sp * ROWS_P + r) * N + offs, mask=ok, other=0.0)
+        tl.store(y_ptr + r * N + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+# (K, N) -> (BLOCK_N, BLOCK_K, num_warps, num_stages[, SPLIT]); DEFAULT for shapes not listed.
+# SPLIT > 1: K is cut into SPLIT chunks run by separate programs (more programs for the
+# shapes with few output columns), their fp32 partials summed in chunk order by a second launch.
 DEFAULT = (32, 128, 4, 4)
-CONFIG: dict[tuple[int, int], tuple[int, int, int, int]] = {
-    (2048, 12352): (32, 128, 4, 4), (2048, 9216): (128, 256, 4, 4), (4096, 2048): (16, 256, 4, 4),
-    (2048, 1288): (32, 256, 4, 4), (512, 2048): (32, 128, 4, 4), (2048, 248320): (64, 256, 4, 3)}
+CONFIG: dict[tuple[int, int], tuple] = {
+    (2048, 12352): (32, 128, 4, 4), (2048, 9216): (32, 128, 4, 4), (4096, 2048): (32, 128, 4, 4, 4),
+    (2048, 1288): (64, 128, 4, 4, 4), (512, 2048): (32, 128, 4, 4), (2048, 248320): (128, 128, 4, 4)}
 
 
 def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -59,13 +92,21 @@ def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
             and 1 <= x.shape[0] <= ROWS and x.stride(1) == 1 and w.is_contiguous() and k % 64 == 0)
 
 
-def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None) -> torch.Tensor:
     """x [R, K] (R <= 16, unit stride along K) @ w[N, K]^T -> [R, N] in x's dtype."""
     rows, k = x.shape
     n = w.shape[0]
-    bn, bk, nw, ns = config or CONFIG.get((k, n), DEFAULT)
+    cfg = config or CONFIG.get((k, n), DEFAULT)
+    bn, bk, nw, ns = cfg[:4]
+    split = cfg[4] if len(cfg) > 4 else 1
     bk = min(bk, k)
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    _gemv_rows[(triton.cdiv(n, bn),)](x, w, y, rows, n, x.stride(0), K=k, ROWS_P=ROWS, BLOCK_N=bn, BLOCK_K=bk,
-                                      num_warps=nw, num_stages=ns)
+    if split == 1 or k % (split * bk):
+        _gemv_rows[(triton.cdiv(n, bn),)](x, w, y, rows, n, x.stride(0), K=k, ROWS_P=ROWS, BLOCK_N=bn,
+                                          BLOCK_K=bk, num_warps=nw, num_stages=ns)
+        return y
+    part = torch.empty(split, ROWS, n, dtype=torch.float32, device=x.device)
+    _gemv_rows_split[(triton.cdiv(n, bn), split)](x, w, part, rows, n, x.stride(0), K=k, ROWS_P=ROWS, BLOCK_N=bn,
+                                                  BLOCK_K=bk, SPLIT=split, num_warps=nw, num_stages=ns)
+    _split_sum[(rows, triton.cdiv(n, 1024))](part, y, n, ROWS_P=ROWS, SPLIT=split, BLOCK=1024, num_warps=4)
     return y
