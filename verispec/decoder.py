@@ -188,8 +188,10 @@ class Decoder:
     def _watch_unused(self, carried: str, k: int, carried_drafts: list[int] = ()) -> None:
         """Watch this step's proposals for free observations: the carried source's drafts past
         its k carried ones (the carried ones, as carried, only to know they stood), and each
-        other gated source's drafts from its first. Watches of earlier steps run on."""
-        if self.gate is None:
+        other gated source's drafts from its first. Watches of earlier steps run on. With the
+        gate off nothing is watched (every proposal is drafted in full; the source choice then
+        reads the estimates that verifies alone made, as before observations existed)."""
+        if self.gate is None or not self.gate.config.enabled:
             return
         for s, picked, proposed in self._unused:
             is_carried = s.name == carried

@@ -26,12 +26,19 @@ def _layer_params(a: ModelArgs, i: int, kind: str) -> int:
     return mixer + _mlp_params(a, i) + 2 * h
 
 
+def _moe_params(a: ModelArgs) -> int:
+    """Routed experts, plus the router + shared expert gate + shared gate/up (one matrix whose
+    rows the loader pads with zeros to a multiple of 8) and the shared down projection."""
+    h, si = a.hidden_size, a.shared_expert_intermediate_size
+    pre_rows = a.num_experts + 1 + 2 * si
+    pre_rows += -pre_rows % 8
+    return a.num_experts * 3 * h * a.moe_intermediate_size + pre_rows * h + si * h
+
+
 def _mlp_params(a: ModelArgs, i: int) -> int:
-    h = a.hidden_size
     if a.is_moe(i):
-        return (a.num_experts * 3 * h * a.moe_intermediate_size + a.num_experts * h
-                + 3 * h * a.shared_expert_intermediate_size + h)
-    return 3 * h * a.intermediate_size
+        return _moe_params(a)
+    return 3 * a.hidden_size * a.intermediate_size
 
 
 def weight_params(a: ModelArgs) -> int:
@@ -45,6 +52,7 @@ def mtp_params(a: ModelArgs) -> int:
     h = a.hidden_size
     nh, nkv, hd = a.num_attention_heads, a.num_key_value_heads, a.head_dim
     attn = h * (2 * nh * hd + 2 * nkv * hd) + 2 * hd + nh * hd * h
+    # the checkpoint's tensors (the loader's padding of the router matrix, a few rows, not counted)
     moe = (a.num_experts * 3 * h * a.moe_intermediate_size + a.num_experts * h
            + 3 * h * a.shared_expert_intermediate_size + h) if a.num_experts else 3 * h * a.intermediate_size
     return a.mtp_layers * (2 * h * h + 3 * h + attn + moe + 2 * h)
