@@ -23,31 +23,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cuda_timing import graph_us  # noqa: E402
 from verispec.ops import cuda_gemv  # noqa: E402
 
 # (K, N): DeltaNet in_proj, attention qkv, DeltaNet/attention out, router + shared (padded),
 # shared expert down, MTP fc, lm_head
 SHAPES = [(2048, 12352), (2048, 9216), (4096, 2048), (2048, 1288), (512, 2048), (4096, 2048), (2048, 248320)]
-
-
-def timed(fns, reps: int = 32) -> float:
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(reps):
-            fns[i % len(fns)]()
-    g.replay()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    a.record()
-    for _ in range(4):
-        g.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / (4 * reps) * 1e3
 
 
 def main() -> int:
@@ -65,7 +48,7 @@ def main() -> int:
         for rows in (1, 4):
             x = torch.randn(rows, k, device="cuda").to(bf)
             pad = torch.zeros(16, k, device="cuda", dtype=bf)
-            out["cublas_padded"][rows] = timed([lambda w=w: F.linear(pad, w) for w in ws])
+            out["cublas_padded"][rows] = graph_us([lambda w=w: F.linear(pad, w) for w in ws])
         cands = [(bn, bk, nw, ns, 1) for bn, bk, nw, ns in itertools.product((16, 32, 64, 128), (64, 128, 256),
                                                                                 (4, 8), (3, 4))]
         if n * k < 64e6:       # few output columns: also split K (2, 4, 8 chunks)
@@ -79,7 +62,7 @@ def main() -> int:
             try:
                 for rows in (1, 4):
                     x = torch.randn(rows, k, device="cuda").to(bf)
-                    row[rows] = timed([lambda w=w: cuda_gemv.linear_rows(x, w, cfg) for w in ws])
+                    row[rows] = graph_us([lambda w=w: cuda_gemv.linear_rows(x, w, cfg) for w in ws])
             except Exception as e:    # out of resources: not a candidate
                 print(k, n, cfg, type(e).__name__, flush=True)
                 continue

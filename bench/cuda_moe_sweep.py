@@ -21,31 +21,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cuda_timing import graph_us  # noqa: E402
 from verispec.ops import cuda_moe  # noqa: E402
 
 E, H, INTER, K = 256, 2048, 512, 8
-
-
-def timed(fn, reps: int = 32) -> float:
-    """GPU microseconds per call: `reps` calls captured in one CUDA graph and replayed (a
-    Python launch costs ~10 us, more than a small kernel runs)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(4):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / (4 * reps) * 1e3
 
 
 def main() -> int:
@@ -70,24 +51,26 @@ def main() -> int:
             if bn * bk > 32768:
                 continue
             try:
-                t = timed(lambda: cuda_moe._gate_up_act[(rows * K, INTER // bn)](
-                    x, gu, next(it), act, INTER, H, TOP_K=K, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns))
+                t = graph_us([lambda: cuda_moe._gate_up_act[(rows * K, INTER // bn)](
+                    x, gu, next(it), act, INTER, H, TOP_K=K, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)])
                 res["gate_up"].append({"rows": rows, "cfg": [bn, bk, nw, ns], "us": t, "TBps": gu_bytes / t / 1e6})
             except Exception as e:   # out of shared memory and the like: not a candidate
                 print("gate_up", bn, bk, nw, ns, type(e).__name__, flush=True)
             if bk > INTER:
                 continue
             try:
-                t = timed(lambda: cuda_moe._down_pair[(rows * K, H // bn)](
-                    act, dn, next(it), y, H, INTER, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns))
+                t = graph_us([lambda: cuda_moe._down_pair[(rows * K, H // bn)](
+                    act, dn, next(it), y, H, INTER, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)])
                 res["down"].append({"rows": rows, "cfg": [bn, bk, nw, ns], "us": t, "TBps": dn_bytes / t / 1e6})
             except Exception as e:
                 print("down", bn, bk, nw, ns, type(e).__name__, flush=True)
         wts = torch.rand(rows * K, device="cuda")
         out = torch.empty(rows, H, device="cuda", dtype=bf)
         for blk, nw in itertools.product((256, 512, 1024, 2048), (2, 4, 8)):
-            t = timed(lambda: cuda_moe._combine[(rows, H // blk)](y, wts, out, out, H, TOP_K=K, HAS_EXTRA=True,
-                                                                   BLOCK=blk, num_warps=nw))
+            # the model's call: the shared expert's output gated by a sigmoid
+            t = graph_us([lambda: cuda_moe._combine[(rows, H // blk)](y, wts, out, wts, 1, out, H, TOP_K=K,
+                                                                    HAS_EXTRA=True, HAS_GATE=True, BLOCK=blk,
+                                                                    num_warps=nw)])
             res["combine"].append({"rows": rows, "cfg": [blk, 0, nw, 1], "us": t})
     for kern in ("gate_up", "down", "combine"):
         for rows in (1, 4):

@@ -28,27 +28,10 @@ ROWS = 16
 
 if triton is not None:
     @triton.jit
-    def _gemv_rows(x_ptr, w_ptr, y_ptr, R, N, x_stride, K: tl.constexpr, ROWS_P: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        nb = tl.program_id(0)
-        offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_r = tl.arange(0, ROWS_P)
-        n_ok = offs_n < N
-        r_ok = offs_r < R
-        w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
-        acc = tl.zeros([ROWS_P, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + offs_r[:, None] * x_stride + offs_k[None, :], mask=r_ok[:, None], other=0.0)
-            w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-            acc = tl.dot(x, tl.trans(w), acc)
-        tl.store(y_ptr + offs_r[:, None] * N + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=r_ok[:, None] & n_ok[None, :])
-
-    @triton.jit
-    def _gemv_rows_split(x_ptr, w_ptr, part_ptr, R, N, x_stride, K: tl.constexpr, ROWS_P: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
-        """Split K: program (nb, s) writes its fp32 partial product over the s-th K chunk."""
+    def _gemv_rows(x_ptr, w_ptr, out_ptr, R, N, x_stride, K: tl.constexpr, ROWS_P: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+        """Program (nb, s): output columns block nb over the s-th of SPLIT chunks of K. SPLIT 1:
+        out is y [R, N]; else out is the fp32 partials [SPLIT, ROWS_P, N] for _split_sum."""
         nb = tl.program_id(0)
         sp = tl.program_id(1)
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -62,7 +45,7 @@ if triton is not None:
             x = tl.load(x_ptr + offs_r[:, None] * x_stride + offs_k[None, :], mask=r_ok[:, None], other=0.0)
             w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
             acc = tl.dot(x, tl.trans(w), acc)
-        tl.store(part_ptr + (sp * ROWS_P + offs_r[:, None]) * N + offs_n[None, :], acc,
+        tl.store(out_ptr + (sp * ROWS_P + offs_r[:, None]) * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=r_ok[:, None] & n_ok[None, :])
 
     @triton.jit
@@ -100,13 +83,14 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None) -
     bn, bk, nw, ns = cfg[:4]
     split = cfg[4] if len(cfg) > 4 else 1
     bk = min(bk, k)
+    while k % bk:            # the K loop has no mask: blocks must tile K (k % 64 == 0, see usable)
+        bk //= 2
+    if k % (split * bk):
+        split = 1
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    if split == 1 or k % (split * bk):
-        _gemv_rows[(triton.cdiv(n, bn),)](x, w, y, rows, n, x.stride(0), K=k, ROWS_P=ROWS, BLOCK_N=bn,
-                                          BLOCK_K=bk, num_warps=nw, num_stages=ns)
-        return y
-    part = torch.empty(split, ROWS, n, dtype=torch.float32, device=x.device)
-    _gemv_rows_split[(triton.cdiv(n, bn), split)](x, w, part, rows, n, x.stride(0), K=k, ROWS_P=ROWS, BLOCK_N=bn,
-                                                  BLOCK_K=bk, SPLIT=split, num_warps=nw, num_stages=ns)
-    _split_sum[(rows, triton.cdiv(n, 1024))](part, y, n, ROWS_P=ROWS, SPLIT=split, BLOCK=1024, num_warps=4)
+    out = y if split == 1 else torch.empty(split, ROWS, n, dtype=torch.float32, device=x.device)
+    _gemv_rows[(triton.cdiv(n, bn), split)](x, w, out, rows, n, x.stride(0), K=k, ROWS_P=ROWS, BLOCK_N=bn,
+                                            BLOCK_K=bk, SPLIT=split, num_warps=nw, num_stages=ns)
+    if split > 1:
+        _split_sum[(rows, triton.cdiv(n, 1024))](out, y, n, ROWS_P=ROWS, SPLIT=split, BLOCK=1024, num_warps=4)
     return y
