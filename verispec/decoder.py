@@ -63,7 +63,6 @@ class Decoder:
     # free observations (gate.observe): (source, position of drafts[0], first position no
     # verify judges, the drafts not yet compared); each compared with the next pick
     watch: list = field(default_factory=list)
-    picks: int = 0
 
     # ----- prompt -----
     def prefill(self, ids: list[int]) -> torch.Tensor:
@@ -112,7 +111,6 @@ class Decoder:
         """Follow every watched proposal with the picks (a proposal guesses the next tokens;
         its draft j stands iff picks 1..j all match). A free position's outcome goes to the
         gate; the first miss ends the watch, since later drafts' condition no longer holds."""
-        self.picks += 1
         keep = []
         for name, pos, free_from, drafts in self.watch:
             stood = tok == drafts[0]
