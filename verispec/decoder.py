@@ -148,12 +148,11 @@ class Decoder:
         source is still asked, with no room: the MTP head absorbs the pending row)."""
         tokens = self.state.tokens
         gate = self.gate
-        self._unused = []       # (source, drafts picked, drafts proposed) of every gated source
+        unused = []             # (source, drafts proposed) of every gated source: watched below
         if gate is not None and gate.plain_due():
             for s in self.sources:
                 s.propose(tokens, tok, 0)
             self.stats.declined += 1
-            self._watch_unused("", 0)
             return "", []
         best: tuple[bool, float, int, str, list[int]] | None = None
         for s in self.sources:
@@ -163,7 +162,7 @@ class Decoder:
             probe = False
             if gate is not None and getattr(s, "gated_by_decoder", True):
                 k = gate.pick(s.name, len(drafts))
-                self._unused.append((s, k, drafts))
+                unused.append((s, drafts))
                 if k == 0:
                     self.stats.declined += 1
                     continue
@@ -175,15 +174,15 @@ class Decoder:
             if best is None or cand[:3] > best[:3]:
                 best = cand
         if best is None:
-            self._watch_unused("", 0)
+            self._watch_unused(unused, "", 0)
             return "", []
         name, drafts = best[3], best[4]
         spoil = getattr(next(s for s in self.sources if s.name == name), "spoil", None)
         drafts = spoil(drafts) if spoil else drafts
-        self._watch_unused(name, len(drafts), drafts)
+        self._watch_unused(unused, name, len(drafts), drafts)
         return name, drafts
 
-    def _watch_unused(self, carried: str, k: int, carried_drafts: list[int] = ()) -> None:
+    def _watch_unused(self, unused: list, carried: str, k: int, carried_drafts: list[int] = ()) -> None:
         """Watch this step's proposals for free observations: the carried source's drafts past
         its k carried ones (the carried ones, as carried, only to know they stood), and each
         other gated source's drafts from its first. Watches of earlier steps run on. With the
@@ -191,7 +190,7 @@ class Decoder:
         reads the estimates that verifies alone made, as before observations existed)."""
         if self.gate is None or not self.gate.config.enabled:
             return
-        for s, picked, proposed in self._unused:
+        for s, proposed in unused:
             is_carried = s.name == carried
             if is_carried and k >= len(proposed):
                 continue
