@@ -9,9 +9,11 @@ How the decode/verify path keeps every row's bits independent of the row count i
   differs at 4 rows, softplus at 8) -- so they run one row at a time; reductions along one
   row are invariant there and run batched.
 * `Padded(n)` (CUDA): a kernel's launch shape picks its algorithm (a reduction over 2048
-  values splits across threads by how many rows share the launch), so every batched op of
-  the decode/verify path runs on exactly n rows, zero rows appended and sliced off again:
-  row i then goes through the very instructions it would go through in any other call.
+  values splits across threads by how many rows share the launch). On CUDA the heavy ops are
+  fixed-order Triton kernels that compute each row alone (docs/cuda.md); every torch op
+  left on the decode/verify path runs on exactly n rows (the rows copied into an n-row
+  buffer, the result sliced), so row i goes through the very instructions it would go
+  through in any other call.
 * `BATCH`: prefill; no promise.
 """
 

@@ -296,8 +296,9 @@ def _load_linear_attn(w: _Weights, p: str, a: ModelArgs, index: int) -> LinearAt
 
 
 def padded_linear(n: int):
-    """F.linear on exactly n rows (zeros appended): cuBLAS then runs one algorithm for every
-    row count, and row i's bits cannot depend on how many rows came with it."""
+    """F.linear on exactly n rows (Padded: the rows copied into an n-row buffer): cuBLAS then
+    runs one algorithm for every row count, and row i's bits cannot depend on how many rows
+    came with it."""
     rp = Padded(n)
     return lambda x, w: rp.reduce(lambda t: F.linear(t, w), x)
 
