@@ -7,6 +7,8 @@ arms interleaved within a round):
   verify     T(n)/T(1) for n = 1..6 rows (a verify with its copy slots), against the bytes
              those rows must read (distinct experts per layer counted from the routing)
   overhead   one exact (padded) decode row against the same row through plain cuBLAS/SDPA
+  pdl        the same graphed forwards (1 and 4 rows) captured with programmatic dependent
+             launch on and off (verispec/ops/cuda_launch.py), interleaved
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -230,6 +232,53 @@ def overhead(eng: Engine, ck, rounds: int) -> None:
     del plain_eng
 
 
+def pdl(eng: Engine, rounds: int) -> None:
+    """Graphed forwards of 1 and 4 rows (4 with copy slots, as a verify), captured once with
+    PDL off and once on: two graph runners over the same weights, each with its own state,
+    replayed in turn (off, on, off, on, ...)."""
+    from verispec.cuda_graphs import GraphedForward
+    from verispec.ops import cuda_launch
+
+    m = eng.model
+    if m.graphs is None:
+        log("[pdl] skipped: no CUDA graphs")
+        return
+    kept_runner, kept_flag = m.graphs, cuda_launch.enabled
+    runners = {"pdl_off": GraphedForward(m, m.graphs.max_rows), "pdl_on": GraphedForward(m, m.graphs.max_rows)}
+    flag = {"pdl_off": False, "pdl_on": True}
+    states = {}
+    try:
+        for k in runners:
+            m.graphs, cuda_launch.enabled = runners[k], flag[k]
+            states[k] = m.new_state(len(PROMPT) + 6 * (rounds + 3) + 16)
+            m.forward(PROMPT, states[k])
+            states[k].ensure_slots(4)
+        out = {}
+        for rows in (1, 4):
+            times = {k: [] for k in runners}
+            got, same = {}, []
+            for r in range(-2, rounds):
+                for k in runners:
+                    m.graphs, cuda_launch.enabled = runners[k], flag[k]   # the flag matters at capture only
+                    st = states[k]
+                    start = st.kv_len
+                    ids = [(42 + 7 * r + j) % 4000 + 5 for j in range(rows)]
+                    t = sync_time(lambda: got.__setitem__(k, m.forward(ids, st, save_slots=rows > 1).logits))
+                    st.commit(start, rows, 1)
+                    if r >= 0:
+                        times[k].append(t)
+                same.append(torch.equal(got["pdl_off"], got["pdl_on"]))   # the bits must not move
+            a, b = statistics.median(times["pdl_off"]), statistics.median(times["pdl_on"])
+            out[rows] = {"off_ms": a * 1e3, "on_ms": b * 1e3, "on_over_off": b / a, "times": times,
+                         "logits_equal": all(same)}
+            log(f"[pdl] rows {rows}: off {a * 1e3:.3f} ms [{min(times['pdl_off']) * 1e3:.3f}-"
+                f"{max(times['pdl_off']) * 1e3:.3f}], on {b * 1e3:.3f} ms [{min(times['pdl_on']) * 1e3:.3f}-"
+                f"{max(times['pdl_on']) * 1e3:.3f}]: on/off {b / a:.3f}; logits equal in every round: {all(same)}")
+        RESULTS["pdl"] = out
+    finally:
+        m.graphs, cuda_launch.enabled = kept_runner, kept_flag
+
+
 def spec(eng: Engine, n: int, rounds: int, key: str) -> None:
     plain_arm = settings(n)
     rates = {"plain": [], "mtp2_bernoulli": [], "mtp1_bernoulli": []}
@@ -291,6 +340,7 @@ def main() -> int:
     steps = [("decode", lambda: decode(eng, a.tokens, a.rounds, bw)),
              ("verify", lambda: verify(eng, a.rounds + 2, bw)),
              ("overhead", lambda: overhead(eng, ck, 4 * a.rounds + 4)),
+             ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:
         if name in sections:

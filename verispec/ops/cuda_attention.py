@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import torch
 
+from . import cuda_launch
+
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -28,7 +31,10 @@ enabled = True
 if triton is not None:
     @triton.jit
     def _prep(proj_ptr, proj_stride, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, eps,
-              NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, ROT: tl.constexpr, L: tl.constexpr):
+              NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, ROT: tl.constexpr, L: tl.constexpr, PDL: tl.constexpr):
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         r = tl.program_id(0)
         j = tl.program_id(1)                  # 0..NH-1: q heads; NH..NH+NKV-1: kv heads
         is_q = j < NH
@@ -60,7 +66,10 @@ if triton is not None:
 
     @triton.jit
     def _attend(q_ptr, kc_ptr, vc_ptr, pos_ptr, proj_ptr, proj_stride, o_ptr, scale,
-                NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, L: tl.constexpr, BLOCK_L: tl.constexpr):
+                NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, L: tl.constexpr, BLOCK_L: tl.constexpr, PDL: tl.constexpr):
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         r = tl.program_id(0)
         h = tl.program_id(1)
         kv = h // (NH // NKV)
@@ -106,8 +115,8 @@ def gated_attention(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
         raise ValueError("gated_attention needs unit-stride projections and contiguous caches")
     q = torch.empty(rows, nh, hd, dtype=proj.dtype, device=proj.device)
     _prep[(rows, nh + nkv)](proj, proj.stride(0), q_norm, k_norm, cos, sin, pos, q, kc, vc, eps, NH=nh, NKV=nkv,
-                            HD=hd, ROT=rot, L=length, num_warps=4)
+                            HD=hd, ROT=rot, L=length, num_warps=4, **cuda_launch.flags(proj.device))
     o = torch.empty(rows, nh * hd, dtype=proj.dtype, device=proj.device)
     _attend[(rows, nh)](q, kc, vc, pos, proj, proj.stride(0), o, hd ** -0.5, NH=nh, NKV=nkv, HD=hd, L=length,
-                        BLOCK_L=block_l, num_warps=4)
+                        BLOCK_L=block_l, num_warps=4, **cuda_launch.flags(q.device))
     return o

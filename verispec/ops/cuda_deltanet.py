@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import torch
 
+from . import cuda_launch
+
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -26,7 +29,10 @@ enabled = True
 if triton is not None:
     @triton.jit
     def _conv_row(x_ptr, ring_ptr, w_ptr, out_ptr, slot_ptr, C: tl.constexpr, K: tl.constexpr,
-                  BLOCK: tl.constexpr, SAVE: tl.constexpr):
+                  BLOCK: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr):
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = offs < C
         x = tl.load(x_ptr + offs, mask=m, other=0.0)
@@ -49,7 +55,10 @@ if triton is not None:
 
     @triton.jit
     def _delta_row(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr, slot_ptr, HV: tl.constexpr,
-                   DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, SAVE: tl.constexpr):
+                   DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr):
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         h = tl.program_id(0)
         vb = tl.program_id(1)
         offs_k = tl.arange(0, DK)
@@ -71,11 +80,14 @@ if triton is not None:
     @triton.jit
     def _delta_step(mix_ptr, ba_ptr, alog_ptr, dtb_ptr, s_ptr, o_ptr, slot_ptr, HV: tl.constexpr,
                     REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr,
-                    EPS: tl.constexpr, SAVE: tl.constexpr):
+                    EPS: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr):
         """One row of the whole recurrence step from the conv's output, for value head h and a
         block of its value columns: q, k L2-normed (q scaled) from key head h // REP,
         beta = sigmoid(b_h) (rounded to the activations' dtype, as the torch path rounds it),
         g = -exp(A_log_h) softplus(a_h + dt_bias_h), then the delta rule."""
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         h = tl.program_id(0)
         vb = tl.program_id(1)
         kh = h // REP
@@ -115,7 +127,7 @@ def conv_rows(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor, slots: 
     for r in range(rows):
         slot = slots[r] if r < len(slots) else None
         _conv_row[(triton.cdiv(c, block),)](x[r], ring, weight, out[r], slot if slot is not None else ring,
-                                            C=c, K=k, BLOCK=block, SAVE=slot is not None)
+                                            C=c, K=k, BLOCK=block, SAVE=slot is not None, **cuda_launch.flags(x[r].device))
     return out
 
 
@@ -132,7 +144,7 @@ def delta_rule_rows(q, k, v, g, beta, state, slots: list) -> torch.Tensor:
         slot = slots[r] if r < len(slots) else None
         _delta_row[(hv, triton.cdiv(dv, bv))](q[r], k[r], v[r], g[r], beta[r], state, out[r],
                                               slot if slot is not None else state,
-                                              HV=hv, DK=dk, DV=dv, BV=bv, SAVE=slot is not None)
+                                              HV=hv, DK=dk, DV=dv, BV=bv, SAVE=slot is not None, **cuda_launch.flags(q[r].device))
     return out
 
 
@@ -153,5 +165,5 @@ def delta_step_rows(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tens
         slot = slots[r] if r < len(slots) else None
         _delta_step[(hv, triton.cdiv(dv, bv))](mixed[r], ba[r], a_log_exp, dt_bias, state, out[r],
                                                slot if slot is not None else state, HV=hv, REP=hv // hk, DK=dk,
-                                               DV=dv, BV=bv, SCALE=dk ** -0.5, EPS=eps, SAVE=slot is not None)
+                                               DV=dv, BV=bv, SCALE=dk ** -0.5, EPS=eps, SAVE=slot is not None, **cuda_launch.flags(mixed[r].device))
     return out

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import torch
 
+from . import cuda_launch
+
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -29,9 +32,12 @@ ROWS = 16
 if triton is not None:
     @triton.jit
     def _gemv_rows(x_ptr, w_ptr, out_ptr, R, N, x_stride, K: tl.constexpr, ROWS_P: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr):
         """Program (nb, s): output columns block nb over the s-th of SPLIT chunks of K. SPLIT 1:
         out is y [R, N]; else out is the fp32 partials [SPLIT, ROWS_P, N] for _split_sum."""
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         nb = tl.program_id(0)
         sp = tl.program_id(1)
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -49,8 +55,11 @@ if triton is not None:
                  mask=r_ok[:, None] & n_ok[None, :])
 
     @triton.jit
-    def _split_sum(part_ptr, y_ptr, N, ROWS_P: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    def _split_sum(part_ptr, y_ptr, N, ROWS_P: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
         """y[r] = sum of the SPLIT partials of row r, in chunk order (fixed), rounded once."""
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         r = tl.program_id(0)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < N
@@ -90,7 +99,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None) -
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     out = y if split == 1 else torch.empty(split, ROWS, n, dtype=torch.float32, device=x.device)
     _gemv_rows[(triton.cdiv(n, bn), split)](x, w, out, rows, n, x.stride(0), K=k, ROWS_P=ROWS, BLOCK_N=bn,
-                                            BLOCK_K=bk, SPLIT=split, num_warps=nw, num_stages=ns)
+                                            BLOCK_K=bk, SPLIT=split, num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
     if split > 1:
-        _split_sum[(rows, triton.cdiv(n, 1024))](out, y, n, ROWS_P=ROWS, SPLIT=split, BLOCK=1024, num_warps=4)
+        _split_sum[(rows, triton.cdiv(n, 1024))](out, y, n, ROWS_P=ROWS, SPLIT=split, BLOCK=1024, num_warps=4, **cuda_launch.flags(out.device))
     return y

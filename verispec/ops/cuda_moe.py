@@ -17,18 +17,24 @@ one pair at a time in torch, with host-side ids.
 from __future__ import annotations
 
 import torch
+
+from . import cuda_launch
 import torch.nn.functional as F
 
 try:  # triton ships with CUDA builds of torch; the CPU machine does not have it
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
     @triton.jit
     def _gate_up_act(x_ptr, w_ptr, ids_ptr, act_ptr, I: tl.constexpr, H: tl.constexpr, TOP_K: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         pair = tl.program_id(0)
         nb = tl.program_id(1)
         e = tl.load(ids_ptr + pair).to(tl.int64)
@@ -53,7 +59,10 @@ if triton is not None:
 
     @triton.jit
     def _down_pair(act_ptr, w_ptr, ids_ptr, y_ptr, H: tl.constexpr, I: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         pair = tl.program_id(0)
         nb = tl.program_id(1)
         e = tl.load(ids_ptr + pair).to(tl.int64)
@@ -71,7 +80,10 @@ if triton is not None:
 
     @triton.jit
     def _combine(y_ptr, wt_ptr, extra_ptr, gate_ptr, gate_stride, out_ptr, H: tl.constexpr, TOP_K: tl.constexpr,
-                 HAS_EXTRA: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK: tl.constexpr):
+                 HAS_EXTRA: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         row = tl.program_id(0)
         nb = tl.program_id(1)
         offs = nb * BLOCK + tl.arange(0, BLOCK)
@@ -93,9 +105,12 @@ if triton is not None:
 
     @triton.jit
     def _route(x_ptr, stride, w_ptr, i_ptr, E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
-               NORM: tl.constexpr, BLOCK_E: tl.constexpr):
+               NORM: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr):
         """One row's router: softmax over E logits (fp32), the top K by repeated argmax (ties
         to the lower expert id), optionally renormalised."""
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK_E)
         ok = offs < E
@@ -117,8 +132,11 @@ if triton is not None:
         tl.store(i_ptr + row * TOP_K + ks, iv, mask=ks < TOP_K)
 
     @triton.jit
-    def _silu_mul(x_ptr, stride, out_ptr, G0: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr):
+    def _silu_mul(x_ptr, stride, out_ptr, G0: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
         """out[r] = silu(x[r, G0:G0+N]) * x[r, G0+N:G0+2N], rounded as torch's silu then mul."""
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         row = tl.program_id(0)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < N
@@ -143,7 +161,7 @@ def route(logits: torch.Tensor, n_experts: int, top_k: int, norm: bool) -> tuple
     w = torch.empty(rows, top_k, dtype=torch.float32, device=logits.device)
     i = torch.empty(rows, top_k, dtype=torch.int32, device=logits.device)
     _route[(rows,)](logits, logits.stride(0), w, i, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k),
-                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), num_warps=4)
+                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), num_warps=4, **cuda_launch.flags(logits.device))
     return w, i
 
 
@@ -154,7 +172,7 @@ def silu_mul(x: torch.Tensor, start: int, n: int) -> torch.Tensor:
         raise ValueError("silu_mul needs unit stride along the features")
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     block = 512
-    _silu_mul[(rows, triton.cdiv(n, block))](x, x.stride(0), out, G0=start, N=n, BLOCK=block, num_warps=4)
+    _silu_mul[(rows, triton.cdiv(n, block))](x, x.stride(0), out, G0=start, N=n, BLOCK=block, num_warps=4, **cuda_launch.flags(x.device))
     return out
 
 
@@ -182,18 +200,18 @@ def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu
     act = torch.empty(rows * k, inter, dtype=x.dtype, device=x.device)
     bn, bk, nw, ns = CONFIG["gate_up"]
     _gate_up_act[(rows * k, triton.cdiv(inter, bn))](x, gu_all, ids, act, inter, h, TOP_K=k, BLOCK_N=bn,
-                                                      BLOCK_K=bk, num_warps=nw, num_stages=ns)
+                                                      BLOCK_K=bk, num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
     y = torch.empty(rows * k, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
     _down_pair[(rows * k, triton.cdiv(h, bn))](act, down_all, ids, y, h, inter, BLOCK_N=bn, BLOCK_K=bk,
-                                                num_warps=nw, num_stages=ns)
+                                                num_warps=nw, num_stages=ns, **cuda_launch.flags(act.device))
     out = torch.empty(rows, h, dtype=x.dtype, device=x.device)
     blk, _, nw, ns = CONFIG["combine"]
     ex = extra.contiguous() if extra is not None else out
     gate = extra_gate if extra_gate is not None else wts
     _combine[(rows, triton.cdiv(h, blk))](y, wts, ex, gate, gate.stride(0), out, h, TOP_K=k,
                                           HAS_EXTRA=extra is not None, HAS_GATE=extra_gate is not None,
-                                          BLOCK=blk, num_warps=nw, num_stages=ns)
+                                          BLOCK=blk, num_warps=nw, num_stages=ns, **cuda_launch.flags(y.device))
     return out
 
 

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import torch
 
+from . import cuda_launch
+
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -27,7 +30,10 @@ enabled = True   # tests and benchmarks switch the kernels off to compare with t
 
 if triton is not None:
     @triton.jit
-    def _row_norm(x_ptr, w_ptr, z_ptr, y_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr):
+    def _row_norm(x_ptr, w_ptr, z_ptr, y_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr, PDL: tl.constexpr):
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         m = offs < N
@@ -47,9 +53,12 @@ if triton is not None:
         tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
-    def _add_row_norm(x_ptr, h_ptr, w_ptr, s_ptr, y_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr):
+    def _add_row_norm(x_ptr, h_ptr, w_ptr, s_ptr, y_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
         """The residual add and the next RMSNorm in one pass: s = x + h (rounded to the
         activations' dtype, as torch adds), y = ZC-norm(s)."""
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         m = offs < N
@@ -74,7 +83,7 @@ def row_norm(x: torch.Tensor, mode: int, eps: float, weight: torch.Tensor | None
     y = torch.empty_like(xc)
     w = weight.contiguous() if weight is not None else xc
     z = gate.contiguous() if gate is not None else xc
-    _row_norm[(xc.numel() // n,)](xc, w, z, y, eps, N=n, BLOCK=triton.next_power_of_2(n), MODE=mode)
+    _row_norm[(xc.numel() // n,)](xc, w, z, y, eps, N=n, BLOCK=triton.next_power_of_2(n), MODE=mode, **cuda_launch.flags(xc.device))
     return y
 
 
@@ -83,5 +92,5 @@ def add_row_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: fl
     n = x.shape[-1]
     xc, hc = x.contiguous(), h.contiguous()
     s, y = torch.empty_like(xc), torch.empty_like(xc)
-    _add_row_norm[(xc.numel() // n,)](xc, hc, weight.contiguous(), s, y, eps, N=n, BLOCK=triton.next_power_of_2(n))
+    _add_row_norm[(xc.numel() // n,)](xc, hc, weight.contiguous(), s, y, eps, N=n, BLOCK=triton.next_power_of_2(n), **cuda_launch.flags(xc.device))
     return s, y
