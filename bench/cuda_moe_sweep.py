@@ -52,7 +52,8 @@ def main() -> int:
                 continue
             try:
                 t = graph_us([lambda: cuda_moe._gate_up_act[(rows * K, INTER // bn)](
-                    x, gu, next(it), act, INTER, H, TOP_K=K, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)])
+                    x, gu, next(it), act, 0, INTER, H, TOP_K=K, E=E, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw,
+                    num_stages=ns, PDL=False)])
                 res["gate_up"].append({"rows": rows, "cfg": [bn, bk, nw, ns], "us": t, "TBps": gu_bytes / t / 1e6})
             except Exception as e:   # out of shared memory and the like: not a candidate
                 print("gate_up", bn, bk, nw, ns, type(e).__name__, flush=True)
@@ -60,17 +61,20 @@ def main() -> int:
                 continue
             try:
                 t = graph_us([lambda: cuda_moe._down_pair[(rows * K, H // bn)](
-                    act, dn, next(it), y, H, INTER, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)])
+                    act, dn, next(it), y, 0, H, INTER, E=E, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns,
+                    PDL=False)])
                 res["down"].append({"rows": rows, "cfg": [bn, bk, nw, ns], "us": t, "TBps": dn_bytes / t / 1e6})
             except Exception as e:
                 print("down", bn, bk, nw, ns, type(e).__name__, flush=True)
         wts = torch.rand(rows * K, device="cuda")
         out = torch.empty(rows, H, device="cuda", dtype=bf)
         for blk, nw in itertools.product((256, 512, 1024, 2048), (2, 4, 8)):
-            # the model's call: the shared expert's output gated by a sigmoid
-            t = graph_us([lambda: cuda_moe._combine[(rows, H // blk)](y, wts, out, wts, 1, out, H, TOP_K=K,
-                                                                    HAS_EXTRA=True, HAS_GATE=True, BLOCK=blk,
-                                                                    num_warps=nw)])
+            # the shared expert's output gated by a sigmoid (the model's exact path now fuses the
+            # combine with the residual add and norm: cuda_moe.experts_add_norm)
+            t = graph_us([lambda: cuda_moe._combine[(rows, H // blk)](y, wts, out, wts, 1, out, out, out, out, 0.0, H,
+                                                                    TOP_K=K, SLOTS=K, HAS_EXTRA=True, HAS_GATE=True,
+                                                                    SHARED=False, NORM=False, BLOCK=blk,
+                                                                    num_warps=nw, PDL=False)])
             res["combine"].append({"rows": rows, "cfg": [blk, 0, nw, 1], "us": t})
     for kern in ("gate_up", "down", "combine"):
         for rows in (1, 4):

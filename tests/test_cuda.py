@@ -309,6 +309,53 @@ def test_delta_step_kernel_rows_slots_and_reference():
     finally:
         deltanet.cuda_deltanet.enabled = True
     assert (got - ref).norm() / ref.norm() < 1e-4 and (s1 - s2).norm() / s2.norm() < 1e-4
+    # the bf16 output the model asks for is the fp32 output rounded once
+    s3, s4 = s0.clone(), s0.clone()
+    low = cd.delta_step_rows(mixed, ba, alog, dtb, s3, [], hk, dk, dv, out_dtype=BF)
+    high = cd.delta_step_rows(mixed, ba, alog, dtb, s4, [], hk, dk, dv)
+    assert low.dtype == BF and torch.equal(low, high.to(BF)) and torch.equal(s3, s4)
+
+
+def test_router_partials_and_fused_moe_rows_and_reference():
+    """The exact path's MoE in five launches (Model.moe_add_norm): the router from the
+    product's split-K partials with the shared expert as slot K, the pairs with the shared
+    expert among them, the combine with the residual add and the norm; every row count
+    against the full launch bit for bit, and the result against torch in fp32."""
+    from verispec.ops import cuda_gemv
+    e, inter, h, k = 256, 512, 2048, 8
+    pre = _rand(1288, h) * h ** -0.5 * 4
+    router, sgu = pre[:264], pre[e + 1:e + 1 + 2 * inter]
+    hx, resid = _rand(16, h), _rand(16, h)
+    gu, dn = _rand(e, 2 * inter, h) * h ** -0.5, _rand(e, h, inter) * inter ** -0.5
+    sdown, nw = _rand(h, inter) * inter ** -0.5, _rand(h) * 0.1
+
+    def run(m):
+        parts = cuda_gemv.linear_rows(hx[:m], router, partials=True)
+        w, i = cuda_moe.route_partials(parts, m, e, k, True)
+        s, y = cuda_moe.experts_add_norm(hx[:m], w, i, gu, dn, sgu, sdown, resid[:m], nw, 1e-6)
+        return w, i, s, y
+
+    full = run(16)
+    for m in ROWS:
+        for got, want in zip(run(m), full):
+            assert torch.equal(got, want[:m]), m
+    w, i, s, y = full
+    assert (i[:, k] == e).all()
+    hf = hx.float()
+    logits = hf @ router.float().T
+    probs = torch.softmax(logits[:, :e], -1)
+    kth = probs.topk(k, -1).values[:, -1:]
+    assert (probs.gather(1, i[:, :k].long()) >= kth - 2e-3).all()        # the top k, up to near ties
+    pw = probs.gather(1, i[:, :k].long())
+    assert torch.allclose(w[:, :k], pw / pw.sum(-1, keepdim=True), atol=2e-3)
+    assert torch.allclose(w[:, k], torch.sigmoid(logits[:, e]), atol=1e-2)
+    routed = cuda_moe._routed_experts_torch(hx, w[:, :k], i[:, :k].long(), gu, dn).float()
+    g_u = hf @ sgu.float().T
+    shared = (F.silu(g_u[:, :inter]) * g_u[:, inter:]) @ sdown.float().T
+    s_ref = resid.float() + routed + torch.sigmoid(logits[:, e:e + 1]) * shared
+    y_ref = s_ref * torch.rsqrt(s_ref.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + nw.float())
+    assert (s.float() - s_ref).norm() / s_ref.norm() < 1e-2
+    assert (y.float() - y_ref).norm() / y_ref.norm() < 2e-2
 
 
 def _model_rows(model, n: int):

@@ -443,6 +443,9 @@ class Model:
             else:
                 h = self._full_attn(layer.mixer, h, state, start, rp, lin, pos=pos)
             x, h = add_norm(x, h, norms[2 * i + 1], eps, rp)
+            if isinstance(layer.mlp, MoE) and self._moe_kernels(layer.mlp, h, rp):
+                x, h = self.moe_add_norm(layer.mlp, h, x, norms[2 * i + 2], eps)
+                continue
             h = (self.moe(layer.mlp, h, lin, rp) if isinstance(layer.mlp, MoE)
                  else self.dense(layer.mlp, h, lin, rp))
             x, h = add_norm(x, h, norms[2 * i + 2], eps, rp)   # the next layer's input norm, or the final one
@@ -481,8 +484,9 @@ class Model:
         if rp is not BATCH and kernels:
             mixed = cuda_deltanet.conv_rows(mixed, ring, m.conv, conv_slots)
             o = cuda_deltanet.delta_step_rows(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec, rec_slots,
-                                              a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim)
-            o = gated_rms_norm(o.to(h.dtype), z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
+                                              a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
+                                              out_dtype=h.dtype)
+            o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
             return lin(o.reshape(rows, vd), m.out)
         if rp is not BATCH:
             mixed = dn_ops.conv_rows(mixed, ring, m.conv, on_row=save_conv)
@@ -550,6 +554,25 @@ class Model:
         else:
             cos, sin = self.rope.get(pos, rows)
         return apply_rope(q, cos, sin), gate, apply_rope(k, cos, sin), v
+
+    def _moe_kernels(self, m: MoE, h, rp) -> bool:
+        """The exact path's MoE as five launches (moe_add_norm): the fixed-order product on
+        CUDA, bf16, and a shared expert as wide as the routed ones (so its pairs run in the
+        experts' kernels)."""
+        return (rp is not BATCH and self.exec.pad_rows == cuda_gemv.ROWS and cuda_moe.available(h.device)
+                and cuda_gemv.usable(h, m.pre) and m.shared_inter == m.gu_all.shape[1] // 2)
+
+    def moe_add_norm(self, m: MoE, h, x, norm_w, eps):
+        """(x + moe(h), the next norm of it) in five launches: the router product (its split-K
+        partials), the router (top K + the shared expert as slot K), gate/up + SwiGLU and down
+        over every (row, slot) pair, and the combine with the residual add and the norm. Every
+        program reads one row (or one pair), so nothing depends on the row count."""
+        e, si = m.n_experts, m.shared_inter
+        router = m.pre[:e + 1 + (-(e + 1)) % 8]                 # router + shared gate rows, a view
+        parts = cuda_gemv.linear_rows(h, router, partials=True)
+        top_w, top_i = cuda_moe.route_partials(parts, h.shape[0], e, m.top_k, m.norm_topk)
+        return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si],
+                                         m.shared_down, x, norm_w, eps)
 
     def moe(self, m: MoE, h, lin, exact):
         exact = policy(exact)

@@ -106,7 +106,7 @@ if triton is not None:
         kv = tl.sum(st * kk[:, None], axis=0)                          # [BV]
         delta = (vv - kv) * beta
         st = st + kk[:, None] * delta[None, :]
-        tl.store(o_ptr + h * DV + offs_v, tl.sum(st * qq[:, None], axis=0))
+        tl.store(o_ptr + h * DV + offs_v, tl.sum(st * qq[:, None], axis=0).to(o_ptr.dtype.element_ty))
         tl.store(s_ptr + cell, st)
         if SAVE:
             tl.store(slot_ptr + cell, st)
@@ -149,17 +149,19 @@ def delta_rule_rows(q, k, v, g, beta, state, slots: list) -> torch.Tensor:
 
 
 def delta_step_rows(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tensor, dt_bias: torch.Tensor,
-                    state: torch.Tensor, slots: list, hk: int, dk: int, dv: int, eps: float = 1e-6) -> torch.Tensor:
+                    state: torch.Tensor, slots: list, hk: int, dk: int, dv: int, eps: float = 1e-6,
+                    out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The DeltaNet step from the conv's output: mixed [rows, 2*hk*dk + Hv*dv] (q|k|v, the
     activations' dtype); ba [rows, >= 2*Hv] (b | a, any row stride); a_log_exp [Hv] fp32;
     dt_bias [Hv]; state [Hv, dk, dv] fp32 (in place); slots[r]: tensor like state for the state
-    after row r, or None. Returns [rows, Hv, dv] fp32. One launch per row."""
+    after row r, or None. Returns [rows, Hv, dv] in out_dtype (rounded once from fp32, as a
+    cast after it would round). One launch per row."""
     rows = mixed.shape[0]
     hv = state.shape[0]
     mixed = mixed.contiguous()
     if ba.stride(1) != 1:
         raise ValueError("b|a need unit stride")
-    out = torch.empty(rows, hv, dv, dtype=torch.float32, device=mixed.device)
+    out = torch.empty(rows, hv, dv, dtype=out_dtype, device=mixed.device)
     bv = min(32, dv)
     for r in range(rows):
         slot = slots[r] if r < len(slots) else None

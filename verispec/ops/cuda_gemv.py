@@ -75,7 +75,8 @@ if triton is not None:
 DEFAULT = (32, 128, 4, 4)
 CONFIG: dict[tuple[int, int], tuple] = {
     (2048, 12352): (32, 128, 4, 4), (2048, 9216): (32, 128, 4, 4), (4096, 2048): (32, 128, 4, 4, 4),
-    (2048, 1288): (64, 128, 4, 4, 4), (512, 2048): (32, 128, 4, 4), (2048, 248320): (128, 128, 4, 4)}
+    (2048, 1288): (64, 128, 4, 4, 4), (512, 2048): (32, 128, 4, 4), (2048, 248320): (128, 128, 4, 4),
+    (2048, 264): (16, 128, 4, 4, 8)}
 
 
 def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -84,8 +85,10 @@ def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
             and 1 <= x.shape[0] <= ROWS and x.stride(1) == 1 and w.is_contiguous() and k % 64 == 0)
 
 
-def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None) -> torch.Tensor:
-    """x [R, K] (R <= 16, unit stride along K) @ w[N, K]^T -> [R, N] in x's dtype."""
+def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, partials: bool = False) -> torch.Tensor:
+    """x [R, K] (R <= 16, unit stride along K) @ w[N, K]^T -> [R, N] in x's dtype. With partials
+    (a split-K shape), the unsummed fp32 partials [SPLIT, 16, N] instead, for a consumer that
+    sums them in chunk order itself (cuda_moe.route_partials)."""
     rows, k = x.shape
     n = w.shape[0]
     cfg = config or CONFIG.get((k, n), DEFAULT)
@@ -96,10 +99,14 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None) -
         bk //= 2
     if k % (split * bk):
         split = 1
+    if partials and split == 1:
+        raise ValueError(f"partials need a split-K configuration; ({k}, {n}) has none")
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     out = y if split == 1 else torch.empty(split, ROWS, n, dtype=torch.float32, device=x.device)
     _gemv_rows[(triton.cdiv(n, bn), split)](x, w, out, rows, n, x.stride(0), K=k, ROWS_P=ROWS, BLOCK_N=bn,
                                             BLOCK_K=bk, SPLIT=split, num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
+    if partials:
+        return out
     if split > 1:
         _split_sum[(rows, triton.cdiv(n, 1024))](out, y, n, ROWS_P=ROWS, SPLIT=split, BLOCK=1024, num_warps=4, **cuda_launch.flags(out.device))
     return y

@@ -30,8 +30,8 @@ except ImportError:  # pragma: no cover - depends on the install
 
 if triton is not None:
     @triton.jit
-    def _gate_up_act(x_ptr, w_ptr, ids_ptr, act_ptr, I: tl.constexpr, H: tl.constexpr, TOP_K: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    def _gate_up_act(x_ptr, w_ptr, ids_ptr, act_ptr, sh_off, I: tl.constexpr, H: tl.constexpr, TOP_K: tl.constexpr,
+                     E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
@@ -41,7 +41,9 @@ if triton is not None:
         row = pair // TOP_K
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < I
-        g_rows = w_ptr + e * (2 * I) * H + offs_n[:, None].to(tl.int64) * H
+        # id E is the shared expert: its [2I, H] weights sit sh_off elements from w_ptr
+        base = tl.where(e == E, sh_off, e * (2 * I) * H)
+        g_rows = w_ptr + base + offs_n[:, None].to(tl.int64) * H
         u_rows = g_rows + I * H
         acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -58,7 +60,7 @@ if triton is not None:
         tl.store(act_ptr + pair * I + offs_n, act.to(act_ptr.dtype.element_ty), mask=n_ok)
 
     @triton.jit
-    def _down_pair(act_ptr, w_ptr, ids_ptr, y_ptr, H: tl.constexpr, I: tl.constexpr,
+    def _down_pair(act_ptr, w_ptr, ids_ptr, y_ptr, sh_off, H: tl.constexpr, I: tl.constexpr, E: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
@@ -68,7 +70,7 @@ if triton is not None:
         e = tl.load(ids_ptr + pair).to(tl.int64)
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < H
-        w_rows = w_ptr + e * H * I + offs_n[:, None].to(tl.int64) * I
+        w_rows = w_ptr + tl.where(e == E, sh_off, e * H * I) + offs_n[:, None].to(tl.int64) * I
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -79,8 +81,16 @@ if triton is not None:
         tl.store(y_ptr + pair * H + offs_n, acc, mask=n_ok)
 
     @triton.jit
-    def _combine(y_ptr, wt_ptr, extra_ptr, gate_ptr, gate_stride, out_ptr, H: tl.constexpr, TOP_K: tl.constexpr,
-                 HAS_EXTRA: tl.constexpr, HAS_GATE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    def _combine(y_ptr, wt_ptr, extra_ptr, gate_ptr, gate_stride, out_ptr, res_ptr, nw_ptr, s_ptr, eps,
+                 H: tl.constexpr, TOP_K: tl.constexpr, SLOTS: tl.constexpr, HAS_EXTRA: tl.constexpr,
+                 HAS_GATE: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
+                 PDL: tl.constexpr):
+        """out[r] = the TOP_K routed slots summed in slot order (fp32, rounded once), plus the
+        shared expert: SHARED, slot TOP_K of the row's SLOTS (its y rounded as its own product
+        would round, times its weight, the rounded sigmoid of its gate); else `extra` [R, H]
+        (times sigmoid(gate) with HAS_GATE). Each addition rounds as torch adds two bf16
+        tensors. NORM (one program holds the whole row): the residual add and the next norm
+        as add_row_norm does, s = x + out, out = ZC-norm(s)."""
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
@@ -90,31 +100,58 @@ if triton is not None:
         ok = offs < H
         total = tl.zeros([BLOCK], dtype=tl.float32)
         for s in tl.static_range(TOP_K):                      # slot order, fixed
-            wt = tl.load(wt_ptr + row * TOP_K + s).to(tl.float32)
-            total += wt * tl.load(y_ptr + (row * TOP_K + s) * H + offs, mask=ok, other=0.0)
+            wt = tl.load(wt_ptr + row * SLOTS + s).to(tl.float32)
+            total += wt * tl.load(y_ptr + (row * SLOTS + s) * H + offs, mask=ok, other=0.0)
         out = total.to(out_ptr.dtype.element_ty)
-        if HAS_EXTRA:   # as torch adds two bf16 tensors: in fp32, rounded once
+        if SHARED:
+            extra = tl.load(y_ptr + (row * SLOTS + TOP_K) * H + offs, mask=ok, other=0.0)
+            extra = extra.to(out_ptr.dtype.element_ty).to(tl.float32)
+            sg = tl.load(wt_ptr + row * SLOTS + TOP_K)
+            extra = (sg * extra).to(out_ptr.dtype.element_ty).to(tl.float32)
+            out = (out.to(tl.float32) + extra).to(out_ptr.dtype.element_ty)
+        elif HAS_EXTRA:   # as torch adds two bf16 tensors: in fp32, rounded once
             extra = tl.load(extra_ptr + row * H + offs, mask=ok, other=0.0).to(tl.float32)
             if HAS_GATE:    # sigmoid(gate) * extra, each rounded to bf16 as torch's two ops round
                 sg = tl.sigmoid(tl.load(gate_ptr + row * gate_stride).to(tl.float32))
                 sg = sg.to(out_ptr.dtype.element_ty).to(tl.float32)
                 extra = (sg * extra).to(out_ptr.dtype.element_ty).to(tl.float32)
             out = (out.to(tl.float32) + extra).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + row * H + offs, out, mask=ok)
-
+        if NORM:
+            sm = (tl.load(res_ptr + row * H + offs, mask=ok, other=0.0).to(tl.float32)
+                  + out.to(tl.float32)).to(out_ptr.dtype.element_ty)
+            tl.store(s_ptr + row * H + offs, sm, mask=ok)
+            xf = sm.to(tl.float32)
+            yv = xf * tl.math.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)
+            yv = yv * (1.0 + tl.load(nw_ptr + offs, mask=ok, other=0.0).to(tl.float32))
+            tl.store(out_ptr + row * H + offs, yv.to(out_ptr.dtype.element_ty), mask=ok)
+        else:
+            tl.store(out_ptr + row * H + offs, out, mask=ok)
 
     @triton.jit
-    def _route(x_ptr, stride, w_ptr, i_ptr, E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
-               NORM: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr):
+    def _route(x_ptr, stride, split_stride, w_ptr, i_ptr, E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
+               NORM: tl.constexpr, BLOCK_E: tl.constexpr, SPLIT: tl.constexpr, SHARED: tl.constexpr,
+               PDL: tl.constexpr):
         """One row's router: softmax over E logits (fp32), the top K by repeated argmax (ties
-        to the lower expert id), optionally renormalised."""
+        to the lower expert id), optionally renormalised. SPLIT > 1: x holds the fp32 partials
+        of the router product (SPLIT chunks of K, split_stride apart), summed here in chunk
+        order and rounded to bf16 as the product's own sum would be. SHARED: column E is the
+        shared expert's gate; the row gets K + 1 slots, the last the shared expert (id E) with
+        weight bf16(sigmoid(gate))."""
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK_E)
         ok = offs < E
-        x = tl.load(x_ptr + row * stride + offs, mask=ok, other=float("-inf")).to(tl.float32)
+        m = offs < E + SHARED
+        if SPLIT == 1:
+            lg = tl.load(x_ptr + row * stride + offs, mask=m, other=0.0).to(tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_E], dtype=tl.float32)
+            for sp in tl.static_range(SPLIT):
+                acc += tl.load(x_ptr + sp * split_stride + row * stride + offs, mask=m, other=0.0)
+            lg = acc.to(tl.bfloat16).to(tl.float32)
+        x = tl.where(ok, lg, float("-inf"))
         ex = tl.exp(x - tl.max(x, 0))
         p = tl.where(ok, ex / tl.sum(ex, 0), -1.0)
         ks = tl.arange(0, KP)
@@ -128,8 +165,13 @@ if triton is not None:
             p = tl.where(offs == idx, -1.0, p)
         if NORM:
             wv = wv / tl.sum(wv, 0)
-        tl.store(w_ptr + row * TOP_K + ks, wv, mask=ks < TOP_K)
-        tl.store(i_ptr + row * TOP_K + ks, iv, mask=ks < TOP_K)
+        if SHARED:
+            g = tl.sum(tl.where(offs == E, lg, 0.0), 0)
+            sg = tl.sigmoid(g).to(tl.bfloat16).to(tl.float32)
+            wv = tl.where(ks == TOP_K, sg, wv)
+            iv = tl.where(ks == TOP_K, E, iv)
+        tl.store(w_ptr + row * (TOP_K + SHARED) + ks, wv, mask=ks < TOP_K + SHARED)
+        tl.store(i_ptr + row * (TOP_K + SHARED) + ks, iv, mask=ks < TOP_K + SHARED)
 
     @triton.jit
     def _silu_mul(x_ptr, stride, out_ptr, G0: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
@@ -160,8 +202,26 @@ def route(logits: torch.Tensor, n_experts: int, top_k: int, norm: bool) -> tuple
         raise ValueError("router logits need unit stride along the experts")
     w = torch.empty(rows, top_k, dtype=torch.float32, device=logits.device)
     i = torch.empty(rows, top_k, dtype=torch.int32, device=logits.device)
-    _route[(rows,)](logits, logits.stride(0), w, i, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k),
-                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), num_warps=4, **cuda_launch.flags(logits.device))
+    _route[(rows,)](logits, logits.stride(0), 0, w, i, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k),
+                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), SPLIT=1, SHARED=False, num_warps=4,
+                    **cuda_launch.flags(logits.device))
+    return w, i
+
+
+def route_partials(parts: torch.Tensor, rows: int, n_experts: int, top_k: int,
+                   norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """parts [SPLIT, >= rows, N] fp32: the router product's partial sums over SPLIT chunks of
+    its inputs (cuda_gemv.linear_rows(..., partials=True)), columns the E router logits, then
+    the shared expert's gate. -> weights [R, K + 1] fp32, ids [R, K + 1] int32: the top K
+    experts, then the shared expert (id E) with weight bf16(sigmoid(gate))."""
+    split, _, n = parts.shape
+    if n < n_experts + 1 or not parts.is_contiguous():
+        raise ValueError("router partials: contiguous [SPLIT, rows, >= E + 1] expected")
+    w = torch.empty(rows, top_k + 1, dtype=torch.float32, device=parts.device)
+    i = torch.empty(rows, top_k + 1, dtype=torch.int32, device=parts.device)
+    _route[(rows,)](parts, n, parts.stride(0), w, i, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k + 1),
+                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts + 1), SPLIT=split, SHARED=True, num_warps=4,
+                    **cuda_launch.flags(parts.device))
     return w, i
 
 
@@ -172,12 +232,32 @@ def silu_mul(x: torch.Tensor, start: int, n: int) -> torch.Tensor:
         raise ValueError("silu_mul needs unit stride along the features")
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     block = 512
-    _silu_mul[(rows, triton.cdiv(n, block))](x, x.stride(0), out, G0=start, N=n, BLOCK=block, num_warps=4, **cuda_launch.flags(x.device))
+    _silu_mul[(rows, triton.cdiv(n, block))](x, x.stride(0), out, G0=start, N=n, BLOCK=block, num_warps=4,
+                                             **cuda_launch.flags(x.device))
     return out
 
 
 def available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
+
+
+def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
+    """The gate/up + SwiGLU and down kernels over every (row, slot) pair -> y [R * slots, H] fp32."""
+    e, two_i, h = gu_all.shape
+    inter = two_i // 2
+    n = ids.numel()
+    gu_off = (shared_gu.data_ptr() - gu_all.data_ptr()) // gu_all.element_size() if shared_gu is not None else 0
+    dn_off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size() if shared_down is not None else 0
+    act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
+    bn, bk, nw, ns = CONFIG["gate_up"]
+    _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, inter, h, TOP_K=pairs_per_row, E=e,
+                                              BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns,
+                                              **cuda_launch.flags(x.device))
+    y = torch.empty(n, h, dtype=torch.float32, device=x.device)
+    bn, bk, nw, ns = CONFIG["down"]
+    _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
+                                        num_warps=nw, num_stages=ns, **cuda_launch.flags(act.device))
+    return y
 
 
 def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu_all: torch.Tensor,
@@ -187,8 +267,7 @@ def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu
     plus `extra` [R, H] (the shared expert's output), times sigmoid(extra_gate [R, 1]) when given,
     added as torch adds two such tensors."""
     rows, k = top_i.shape
-    e, two_i, h = gu_all.shape
-    inter = two_i // 2
+    h = gu_all.shape[2]
     if not available(x.device):
         out = _routed_experts_torch(x, top_w, top_i, gu_all, down_all)
         if extra is not None and extra_gate is not None:
@@ -197,22 +276,38 @@ def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu
     x = x.contiguous()
     ids = top_i.reshape(-1).to(torch.int32)
     wts = top_w.reshape(-1).to(torch.float32).contiguous()
-    act = torch.empty(rows * k, inter, dtype=x.dtype, device=x.device)
-    bn, bk, nw, ns = CONFIG["gate_up"]
-    _gate_up_act[(rows * k, triton.cdiv(inter, bn))](x, gu_all, ids, act, inter, h, TOP_K=k, BLOCK_N=bn,
-                                                      BLOCK_K=bk, num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
-    y = torch.empty(rows * k, h, dtype=torch.float32, device=x.device)
-    bn, bk, nw, ns = CONFIG["down"]
-    _down_pair[(rows * k, triton.cdiv(h, bn))](act, down_all, ids, y, h, inter, BLOCK_N=bn, BLOCK_K=bk,
-                                                num_warps=nw, num_stages=ns, **cuda_launch.flags(act.device))
+    y = _pairs(x, ids, gu_all, down_all, k, None, None)
     out = torch.empty(rows, h, dtype=x.dtype, device=x.device)
     blk, _, nw, ns = CONFIG["combine"]
     ex = extra.contiguous() if extra is not None else out
     gate = extra_gate if extra_gate is not None else wts
-    _combine[(rows, triton.cdiv(h, blk))](y, wts, ex, gate, gate.stride(0), out, h, TOP_K=k,
-                                          HAS_EXTRA=extra is not None, HAS_GATE=extra_gate is not None,
-                                          BLOCK=blk, num_warps=nw, num_stages=ns, **cuda_launch.flags(y.device))
+    _combine[(rows, triton.cdiv(h, blk))](y, wts, ex, gate, gate.stride(0), out, out, out, out, 0.0, h, TOP_K=k,
+                                          SLOTS=k, HAS_EXTRA=extra is not None, HAS_GATE=extra_gate is not None,
+                                          SHARED=False, NORM=False, BLOCK=blk, num_warps=nw, num_stages=ns,
+                                          **cuda_launch.flags(y.device))
     return out
+
+
+def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu_all: torch.Tensor,
+                     down_all: torch.Tensor, shared_gu: torch.Tensor, shared_down: torch.Tensor,
+                     resid: torch.Tensor, norm_w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole MoE after the router, and the residual add with the next norm, in three
+    launches. top_w, top_i [R, K + 1] from route_partials (slot K: the shared expert, id E);
+    shared_gu [2I, H] and shared_down [H, I] (the shared expert's weights, any storage: its
+    pairs read them in place of an expert's); resid [R, H] the residual stream.
+    -> (resid + moe(x), ZC-norm of it with norm_w), as add_row_norm would return them."""
+    rows, slots = top_i.shape
+    h = gu_all.shape[2]
+    if shared_gu.shape != gu_all.shape[1:] or shared_down.shape != down_all.shape[1:]:
+        raise ValueError("the shared expert's widths must equal the routed experts'")
+    x = x.contiguous()
+    y = _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down)
+    s, out = torch.empty(rows, h, dtype=x.dtype, device=x.device), torch.empty(rows, h, dtype=x.dtype, device=x.device)
+    resid = resid.contiguous()
+    _combine[(rows, 1)](y, top_w, out, top_w, 0, out, resid, norm_w.contiguous(), s, eps, h, TOP_K=slots - 1,
+                        SLOTS=slots, HAS_EXTRA=False, HAS_GATE=False, SHARED=True, NORM=True,
+                        BLOCK=triton.next_power_of_2(h), num_warps=8, num_stages=1, **cuda_launch.flags(y.device))
+    return s, out
 
 
 def _routed_experts_torch(x, top_w, top_i, gu_all, down_all):
