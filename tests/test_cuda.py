@@ -331,7 +331,7 @@ def test_router_partials_and_fused_moe_rows_and_reference():
 
     def run(m):
         parts = cuda_gemv.linear_rows(hx[:m], router, partials=True)
-        w, i = cuda_moe.route_partials(parts, m, e, k, True)
+        w, i = cuda_moe.route_shared(parts, m, e, k, True)
         s, y = cuda_moe.experts_add_norm(hx[:m], w, i, gu, dn, sgu, sdown, resid[:m], nw, 1e-6)
         return w, i, s, y
 
@@ -342,13 +342,18 @@ def test_router_partials_and_fused_moe_rows_and_reference():
     w, i, s, y = full
     assert (i[:, k] == e).all()
     hf = hx.float()
-    logits = hf @ router.float().T
+    logits = (hf @ router.float().T).to(BF).float()      # rounded as the product's output is
     probs = torch.softmax(logits[:, :e], -1)
     kth = probs.topk(k, -1).values[:, -1:]
     assert (probs.gather(1, i[:, :k].long()) >= kth - 2e-3).all()        # the top k, up to near ties
     pw = probs.gather(1, i[:, :k].long())
-    assert torch.allclose(w[:, :k], pw / pw.sum(-1, keepdim=True), atol=2e-3)
-    assert torch.allclose(w[:, k], torch.sigmoid(logits[:, e]), atol=1e-2)
+    # 1e-2: a logit whose fp32 sums (different orders) round to neighbouring bf16 values moves
+    # its weight by up to ~1.5% of itself
+    assert torch.allclose(w[:, :k], pw / pw.sum(-1, keepdim=True), atol=1e-2)
+    assert torch.allclose(w[:, k], torch.sigmoid(logits[:, e]).to(BF).float(), atol=1e-2)
+    # the same router from the unsplit output (bf16 logits) agrees with the partials' routing
+    w1, i1 = cuda_moe.route_shared(cuda_gemv.linear_rows(hx, router, config=(16, 128, 4, 4)), 16, e, k, True)
+    assert (i1 == i).float().mean() > 0.9 and torch.allclose(w1, w, atol=1e-2)
     routed = cuda_moe._routed_experts_torch(hx, w[:, :k], i[:, :k].long(), gu, dn).float()
     g_u = hf @ sgu.float().T
     shared = (F.silu(g_u[:, :inter]) * g_u[:, inter:]) @ sdown.float().T

@@ -569,8 +569,9 @@ class Model:
         program reads one row (or one pair), so nothing depends on the row count."""
         e, si = m.n_experts, m.shared_inter
         router = m.pre[:e + 1 + (-(e + 1)) % 8]                 # router + shared gate rows, a view
-        parts = cuda_gemv.linear_rows(h, router, partials=True)
-        top_w, top_i = cuda_moe.route_partials(parts, h.shape[0], e, m.top_k, m.norm_topk)
+        split = cuda_gemv.splits(*reversed(router.shape))
+        logits = cuda_gemv.linear_rows(h, router, partials=split)     # split: the partials, summed by the router
+        top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk)
         return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si],
                                          m.shared_down, x, norm_w, eps)
 

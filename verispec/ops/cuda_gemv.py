@@ -79,6 +79,12 @@ CONFIG: dict[tuple[int, int], tuple] = {
     (2048, 264): (16, 128, 4, 4, 8)}
 
 
+def splits(k: int, n: int) -> bool:
+    """Whether the product (K, N) runs split along K (so it has partials to hand over)."""
+    cfg = CONFIG.get((k, n), DEFAULT)
+    return len(cfg) > 4 and cfg[4] > 1 and k % (cfg[4] * min(cfg[1], k)) == 0
+
+
 def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
     k = w.shape[1]
     return (triton is not None and x.is_cuda and x.dtype == w.dtype == torch.bfloat16 and x.dim() == 2
@@ -88,7 +94,7 @@ def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
 def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, partials: bool = False) -> torch.Tensor:
     """x [R, K] (R <= 16, unit stride along K) @ w[N, K]^T -> [R, N] in x's dtype. With partials
     (a split-K shape), the unsummed fp32 partials [SPLIT, 16, N] instead, for a consumer that
-    sums them in chunk order itself (cuda_moe.route_partials)."""
+    sums them in chunk order itself (cuda_moe.route_shared)."""
     rows, k = x.shape
     n = w.shape[0]
     cfg = config or CONFIG.get((k, n), DEFAULT)

@@ -208,20 +208,23 @@ def route(logits: torch.Tensor, n_experts: int, top_k: int, norm: bool) -> tuple
     return w, i
 
 
-def route_partials(parts: torch.Tensor, rows: int, n_experts: int, top_k: int,
-                   norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """parts [SPLIT, >= rows, N] fp32: the router product's partial sums over SPLIT chunks of
-    its inputs (cuda_gemv.linear_rows(..., partials=True)), columns the E router logits, then
-    the shared expert's gate. -> weights [R, K + 1] fp32, ids [R, K + 1] int32: the top K
-    experts, then the shared expert (id E) with weight bf16(sigmoid(gate))."""
-    split, _, n = parts.shape
-    if n < n_experts + 1 or not parts.is_contiguous():
-        raise ValueError("router partials: contiguous [SPLIT, rows, >= E + 1] expected")
-    w = torch.empty(rows, top_k + 1, dtype=torch.float32, device=parts.device)
-    i = torch.empty(rows, top_k + 1, dtype=torch.int32, device=parts.device)
-    _route[(rows,)](parts, n, parts.stride(0), w, i, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k + 1),
+def route_shared(x: torch.Tensor, rows: int, n_experts: int, top_k: int,
+                 norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router with the shared expert as one more slot. x: the router product's output
+    [R, N] (bf16), or its fp32 partial sums [SPLIT, >= R, N] over SPLIT chunks of its inputs
+    (cuda_gemv.linear_rows(..., partials=True)), summed here in chunk order and rounded as the
+    product would round them; columns the E router logits, then the shared expert's gate.
+    -> weights [R, K + 1] fp32, ids [R, K + 1] int32: the top K experts, then the shared expert
+    (id E) with weight bf16(sigmoid(gate))."""
+    n = x.shape[-1]
+    if n < n_experts + 1 or x.stride(-1) != 1 or (x.dim() == 3 and not x.is_contiguous()):
+        raise ValueError("router output: [R, >= E + 1] with unit stride, or contiguous partials [SPLIT, R, >= E + 1]")
+    split, stride, split_stride = (1, x.stride(0), 0) if x.dim() == 2 else (x.shape[0], n, x.stride(0))
+    w = torch.empty(rows, top_k + 1, dtype=torch.float32, device=x.device)
+    i = torch.empty(rows, top_k + 1, dtype=torch.int32, device=x.device)
+    _route[(rows,)](x, stride, split_stride, w, i, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k + 1),
                     NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts + 1), SPLIT=split, SHARED=True, num_warps=4,
-                    **cuda_launch.flags(parts.device))
+                    **cuda_launch.flags(x.device))
     return w, i
 
 
@@ -292,7 +295,7 @@ def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, 
                      down_all: torch.Tensor, shared_gu: torch.Tensor, shared_down: torch.Tensor,
                      resid: torch.Tensor, norm_w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole MoE after the router, and the residual add with the next norm, in three
-    launches. top_w, top_i [R, K + 1] from route_partials (slot K: the shared expert, id E);
+    launches. top_w, top_i [R, K + 1] from route_shared (slot K: the shared expert, id E);
     shared_gu [2I, H] and shared_down [H, I] (the shared expert's weights, any storage: its
     pairs read them in place of an expert's); resid [R, H] the residual stream.
     -> (resid + moe(x), ZC-norm of it with norm_w), as add_row_norm would return them."""
