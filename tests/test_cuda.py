@@ -101,6 +101,19 @@ def test_add_norm_kernel_equals_add_then_norm():
     _batched_invariant(lambda a, b: torch.cat(cuda_norms.add_row_norm(a, b, w, 1e-6), -1), x, h)
 
 
+def test_add_norm_sums_split_k_partials_as_the_product_would():
+    """The output products hand their split-K partials to add_norm (one launch fewer): the
+    same bits as the product's own sum followed by the add and norm, for every row count."""
+    from verispec.ops import cuda_gemv, cuda_norms
+    o, wt, x, w = _rand(16, 4096), _rand(2048, 4096) * 4096 ** -0.5, _rand(16, 2048), _rand(2048) * 0.1
+    assert cuda_gemv.splits(4096, 2048)
+    for m in ROWS:
+        parts = cuda_gemv.Partials(cuda_gemv.linear_rows(o[:m], wt, partials=True), m)
+        got = cuda_norms.add_row_norm(x[:m], parts, w, 1e-6)
+        want = cuda_norms.add_row_norm(x[:m], cuda_gemv.linear_rows(o[:m], wt), w, 1e-6)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), m
+
+
 def test_router_rows():
     def route(x):
         probs = torch.softmax(x.float(), -1)

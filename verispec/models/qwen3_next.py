@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
-from ..ops import cuda_attention, cuda_deltanet, cuda_gemv, cuda_moe
+from ..ops import cuda_attention, cuda_deltanet, cuda_gemv, cuda_moe, cuda_norms
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -315,6 +315,16 @@ def gpu_exact_linear(n: int):
     return lin
 
 
+def _partials_linear(lin):
+    """lin, except that a product the fixed-order kernel splits along K returns its unsummed
+    partials (cuda_gemv.Partials) for add_norm to sum; only for products add_norm consumes."""
+    def out(x, w):
+        if cuda_gemv.usable(x, w) and cuda_norms.usable(x) and cuda_gemv.splits(w.shape[1], w.shape[0]):
+            return cuda_gemv.Partials(cuda_gemv.linear_rows(x, w, partials=True), x.shape[0])
+        return lin(x, w)
+    return out
+
+
 class Model:
     def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor], execution: Execution | None = None):
         self.args = a = args
@@ -437,11 +447,14 @@ class Model:
         x = self.embed[ids]                                     # [rows, H]
         norms = [w for layer in self.layers for w in (layer.in_norm, layer.post_norm)] + [self.norm]
         h = rms_norm(x, norms[0], eps, rp)
+        # on CUDA the mixers' output products hand their split-K partials to the residual add
+        # and norm after them, which sums them (one launch fewer per layer)
+        out_lin = _partials_linear(lin) if rp is not BATCH and self.exec.pad_rows == cuda_gemv.ROWS else None
         for i, layer in enumerate(self.layers):
             if isinstance(layer.mixer, LinearAttn):
-                h = self._linear_attn(layer.mixer, h, state, rp, save_slots, lin)
+                h = self._linear_attn(layer.mixer, h, state, rp, save_slots, lin, out_lin)
             else:
-                h = self._full_attn(layer.mixer, h, state, start, rp, lin, pos=pos)
+                h = self._full_attn(layer.mixer, h, state, start, rp, lin, pos=pos, out_lin=out_lin)
             x, h = add_norm(x, h, norms[2 * i + 1], eps, rp)
             if isinstance(layer.mlp, MoE) and self._moe_kernels(layer.mlp, h, rp):
                 x, h = self.moe_add_norm(layer.mlp, h, x, norms[2 * i + 2], eps)
@@ -452,7 +465,7 @@ class Model:
         logits = lin(h, self.lm_head).float()
         return logits, h, x
 
-    def _linear_attn(self, m: LinearAttn, h, state: State, exact, save_slots, lin):
+    def _linear_attn(self, m: LinearAttn, h, state: State, exact, save_slots, lin, out_lin=None):
         a = self.args
         rp = policy(exact)
         rows = h.shape[0]
@@ -487,7 +500,7 @@ class Model:
                                               a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
                                               out_dtype=h.dtype)
             o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
-            return lin(o.reshape(rows, vd), m.out)
+            return (out_lin or lin)(o.reshape(rows, vd), m.out)
         if rp is not BATCH:
             mixed = dn_ops.conv_rows(mixed, ring, m.conv, on_row=save_conv)
         else:
@@ -502,7 +515,7 @@ class Model:
         return lin(o.reshape(rows, vd), m.out)
 
     def _full_attn(self, m: FullAttn, h, state: State, start, exact, lin, pos_offset: int = 0,
-                   pos: torch.Tensor | None = None):
+                   pos: torch.Tensor | None = None, out_lin=None):
         """Gated attention; rows are written to the cache at start.. and rotated at
         positions start+pos_offset.. (the MTP head's pair p sits at index p, position p+1).
         With `pos` (device positions of the rows, the padded policy) the same happens with
@@ -519,7 +532,7 @@ class Model:
             self.rope.ensure(kc.shape[1])
             o = cuda_attention.gated_attention(lin(h, m.w_qkv), m.q_norm, m.k_norm, self.rope.cos, self.rope.sin,
                                                pos, kc, vc, nh, a.rms_norm_eps)
-            return lin(o, m.out)
+            return (out_lin or lin)(o, m.out)
         if pos is not None:
             q, gate, k, v = self.qkv(m, h, pos, lin, rp, limit=kc.shape[1])
             kc.index_copy_(1, pos, k.transpose(0, 1))

@@ -16,6 +16,8 @@ bench/cuda_gemv_sweep.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from . import cuda_launch
@@ -28,6 +30,14 @@ except ImportError:  # pragma: no cover
     triton = None
 
 ROWS = 16
+
+
+@dataclass(frozen=True)
+class Partials:
+    """A split-K product's fp32 partial sums [SPLIT, 16, N] for its first `rows` rows, left for
+    the consumer (cuda_norms.add_row_norm) to sum in chunk order and round, as _split_sum would."""
+    parts: torch.Tensor
+    rows: int
 
 if triton is not None:
     @triton.jit

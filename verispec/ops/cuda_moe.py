@@ -143,14 +143,20 @@ if triton is not None:
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK_E)
         ok = offs < E
-        m = offs < E + SHARED
         if SPLIT == 1:
-            lg = tl.load(x_ptr + row * stride + offs, mask=m, other=0.0).to(tl.float32)
+            lg = tl.load(x_ptr + row * stride + offs, mask=ok, other=0.0).to(tl.float32)
+            if SHARED:
+                g = tl.load(x_ptr + row * stride + E).to(tl.float32)
         else:
             acc = tl.zeros([BLOCK_E], dtype=tl.float32)
             for sp in tl.static_range(SPLIT):
-                acc += tl.load(x_ptr + sp * split_stride + row * stride + offs, mask=m, other=0.0)
+                acc += tl.load(x_ptr + sp * split_stride + row * stride + offs, mask=ok, other=0.0)
             lg = acc.to(tl.bfloat16).to(tl.float32)
+            if SHARED:
+                ga = tl.load(x_ptr + row * stride + E)
+                for sp in tl.static_range(1, SPLIT):
+                    ga += tl.load(x_ptr + sp * split_stride + row * stride + E)
+                g = ga.to(tl.bfloat16).to(tl.float32)
         x = tl.where(ok, lg, float("-inf"))
         ex = tl.exp(x - tl.max(x, 0))
         p = tl.where(ok, ex / tl.sum(ex, 0), -1.0)
@@ -166,7 +172,6 @@ if triton is not None:
         if NORM:
             wv = wv / tl.sum(wv, 0)
         if SHARED:
-            g = tl.sum(tl.where(offs == E, lg, 0.0), 0)
             sg = tl.sigmoid(g).to(tl.bfloat16).to(tl.float32)
             wv = tl.where(ks == TOP_K, sg, wv)
             iv = tl.where(ks == TOP_K, E, iv)
@@ -223,7 +228,7 @@ def route_shared(x: torch.Tensor, rows: int, n_experts: int, top_k: int,
     w = torch.empty(rows, top_k + 1, dtype=torch.float32, device=x.device)
     i = torch.empty(rows, top_k + 1, dtype=torch.int32, device=x.device)
     _route[(rows,)](x, stride, split_stride, w, i, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k + 1),
-                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts + 1), SPLIT=split, SHARED=True, num_warps=4,
+                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), SPLIT=split, SHARED=True, num_warps=4,
                     **cuda_launch.flags(x.device))
     return w, i
 

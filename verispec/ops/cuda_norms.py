@@ -53,17 +53,26 @@ if triton is not None:
         tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
-    def _add_row_norm(x_ptr, h_ptr, w_ptr, s_ptr, y_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    def _add_row_norm(x_ptr, h_ptr, w_ptr, s_ptr, y_ptr, eps, split_stride, N: tl.constexpr, BLOCK: tl.constexpr,
+                      SPLIT: tl.constexpr, PDL: tl.constexpr):
         """The residual add and the next RMSNorm in one pass: s = x + h (rounded to the
-        activations' dtype, as torch adds), y = ZC-norm(s)."""
+        activations' dtype, as torch adds), y = ZC-norm(s). SPLIT > 1: h is a product's fp32
+        partials (split_stride apart), summed in chunk order and rounded first, as
+        cuda_gemv's _split_sum would."""
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         m = offs < N
-        s = (tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
-             + tl.load(h_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)).to(s_ptr.dtype.element_ty)
+        if SPLIT == 1:
+            h = tl.load(h_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
+        else:
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for sp in tl.static_range(SPLIT):
+                acc += tl.load(h_ptr + sp * split_stride + row * N + offs, mask=m, other=0.0)
+            h = acc.to(s_ptr.dtype.element_ty).to(tl.float32)
+        s = (tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32) + h).to(s_ptr.dtype.element_ty)
         tl.store(s_ptr + row * N + offs, s, mask=m)
         x = s.to(tl.float32)
         y = x * tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
@@ -87,10 +96,18 @@ def row_norm(x: torch.Tensor, mode: int, eps: float, weight: torch.Tensor | None
     return y
 
 
-def add_row_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + h, RMSNorm(x + h) with zero-centred weight) for x, h [rows, N]; one program per row."""
+def add_row_norm(x: torch.Tensor, h, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + h, RMSNorm(x + h) with zero-centred weight) for x, h [rows, N]; one program per row.
+    h may be a cuda_gemv.Partials (a split-K product's partial sums), summed here."""
     n = x.shape[-1]
-    xc, hc = x.contiguous(), h.contiguous()
+    xc = x.contiguous()
     s, y = torch.empty_like(xc), torch.empty_like(xc)
-    _add_row_norm[(xc.numel() // n,)](xc, hc, weight.contiguous(), s, y, eps, N=n, BLOCK=triton.next_power_of_2(n), **cuda_launch.flags(xc.device))
+    if hasattr(h, "parts"):
+        hc, split, stride = h.parts, h.parts.shape[0], h.parts.stride(0)
+        if h.parts.shape[2] != n or not h.parts.is_contiguous():
+            raise ValueError("partials must be contiguous [SPLIT, rows, N]")
+    else:
+        hc, split, stride = h.contiguous(), 1, 0
+    _add_row_norm[(xc.numel() // n,)](xc, hc, weight.contiguous(), s, y, eps, stride, N=n,
+                                      BLOCK=triton.next_power_of_2(n), SPLIT=split, **cuda_launch.flags(xc.device))
     return s, y
