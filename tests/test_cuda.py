@@ -329,6 +329,50 @@ def test_delta_step_kernel_rows_slots_and_reference():
     assert low.dtype == BF and torch.equal(low, high.to(BF)) and torch.equal(s3, s4)
 
 
+def test_conv_epilogue_equals_the_product_then_the_conv():
+    """The input product with the causal conv in its epilogue: the same bits as the product
+    followed by the per-row conv kernel (outputs, the ring, each kept row's slot), every row
+    count; the columns past the conv untouched."""
+    from verispec.ops import cuda_deltanet as cd
+    from verispec.ops import cuda_gemv, cuda_slots
+    c = 8192
+    x, w = _rand(16, 2048), _rand(12352, 2048) * 2048 ** -0.5
+    cw, ring0 = _rand(c, 4) * 0.5, _rand(c, 3)
+    assert cuda_gemv.conv_fits(w, c, 4)
+    for m in ROWS:
+        r1, r2 = ring0.clone(), ring0.clone()
+        s1 = [torch.zeros_like(ring0) for _ in range(m - 1)]
+        s2 = [torch.zeros_like(ring0) for _ in range(m - 1)] + [None]
+        tab = cuda_slots.table_of(s1, r1) if m > 1 else None
+        fused = cuda_gemv.linear_rows(x[:m], w, conv=cuda_gemv.ConvEpilogue(r1, cw, tab))
+        y = cuda_gemv.linear_rows(x[:m], w)
+        conv = cd.conv_rows(y[:, :c], r2, cw, s2 if m > 1 else [])
+        assert torch.equal(fused[:, :c], conv) and torch.equal(fused[:, c:], y[:, c:]), m
+        assert torch.equal(r1, r2) and all(torch.equal(a, b) for a, b in zip(s1, s2)), m
+
+
+def test_delta_steps_one_launch_equal_a_launch_per_row():
+    """Every row's recurrence in one launch (state in registers between rows) against one
+    launch per row: outputs, final state and each kept row's slot, bit for bit."""
+    from verispec.ops import cuda_deltanet as cd
+    from verispec.ops import cuda_slots
+    hk, hv, dk, dv = 16, 32, 128, 128
+    proj = _rand(16, 2 * hk * dk + hv * dv + 100)       # a row stride wider than q|k|v
+    mixed = proj[:, :2 * hk * dk + hv * dv]
+    ba = _rand(16, 2 * hv + 8)
+    alog, dtb = torch.rand(hv, device="cuda") * 4, _rand(hv)
+    s0 = torch.randn(hv, dk, dv, device="cuda") * 0.1
+    for m in ROWS:
+        st1, st2 = s0.clone(), s0.clone()
+        sl1 = [torch.zeros_like(s0) for _ in range(m - 1)]
+        sl2 = [torch.zeros_like(s0) for _ in range(m - 1)] + [None]
+        tab = cuda_slots.table_of(sl1, st1) if m > 1 else None
+        one = cd.delta_steps(mixed[:m], ba[:m], alog, dtb, st1, tab, hk, dk, dv, out_dtype=BF)
+        per_row = cd.delta_step_rows(mixed[:m], ba[:m], alog, dtb, st2, sl2, hk, dk, dv, out_dtype=BF)
+        assert torch.equal(one, per_row) and torch.equal(st1, st2), m
+        assert all(torch.equal(a, b) for a, b in zip(sl1, sl2)), m
+
+
 def test_router_partials_and_fused_moe_rows_and_reference():
     """The exact path's MoE in five launches (Model.moe_add_norm): the router from the
     product's split-K partials with the shared expert as slot K, the pairs with the shared

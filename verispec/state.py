@@ -91,6 +91,9 @@ class State:
     # CUDA graphs hold the tensors' addresses: commit then copies the slot into the live state
     # instead of swapping the two (verispec/cuda_graphs.py sets it).
     copy_commit: bool = False
+    # device tables of copy-slot addresses for the GPU kernels that write every row's slot in
+    # one launch (verispec/ops/cuda_slots.py); keyed by the addresses they hold
+    slot_tables: dict = field(default_factory=dict)
 
     @staticmethod
     def allocate(s: StateShapes) -> "State":

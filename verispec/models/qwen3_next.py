@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
-from ..ops import cuda_attention, cuda_deltanet, cuda_gemv, cuda_moe, cuda_norms
+from ..ops import cuda_attention, cuda_deltanet, cuda_gemv, cuda_moe, cuda_norms, cuda_slots
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -470,13 +470,16 @@ class Model:
         rp = policy(exact)
         rows = h.shape[0]
         kd, vd, hv = a.key_dim, a.value_dim, a.linear_num_value_heads
+        ring = state.recurrent.conv[m.index]
+        rec = state.recurrent.rec[m.index]
+        if (rp is not BATCH and self.exec.pad_rows == cuda_gemv.ROWS and cuda_deltanet.usable(ring)
+                and cuda_gemv.usable(h, m.w_in) and cuda_gemv.conv_fits(m.w_in, 2 * kd + vd, m.conv.shape[1])):
+            return self._linear_attn_kernels(m, h, state, save_slots, lin, out_lin)
         proj = lin(h, m.w_in)                                   # [rows, q|k|v|z|b|a]
         mixed = proj[:, :2 * kd + vd]
         z = proj[:, 2 * kd + vd:2 * kd + 2 * vd]
         b = proj[:, 2 * kd + 2 * vd:2 * kd + 2 * vd + hv]
         a_ = proj[:, 2 * kd + 2 * vd + hv:]
-        ring = state.recurrent.conv[m.index]
-        rec = state.recurrent.rec[m.index]
         if save_slots:
             def save_conv(r):
                 if r < rows - 1:
@@ -513,6 +516,26 @@ class Model:
         o = dn_ops.delta_rule_rows(q, k, v, g, beta, rec, on_row=save_rec, rows_policy=rp, slots=rec_slots)
         o = gated_rms_norm(o.to(h.dtype), z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
         return lin(o.reshape(rows, vd), m.out)
+
+    def _linear_attn_kernels(self, m: LinearAttn, h, state: State, save_slots, lin, out_lin):
+        """The DeltaNet mixer on CUDA in four launches: the input product with the causal conv
+        in its epilogue, the recurrence for every row in one launch (state in registers from
+        row to row), the gated norm, the output product. Both kernels that carry state write
+        each kept row's state straight into its copy slot (cuda_slots tables)."""
+        a = self.args
+        rows = h.shape[0]
+        kd, vd, hv = a.key_dim, a.value_dim, a.linear_num_value_heads
+        ring, rec = state.recurrent.conv[m.index], state.recurrent.rec[m.index]
+        keep = save_slots and rows > 1
+        ctab = cuda_slots.table(state, "conv", m.index, rows, ring) if keep else None
+        rtab = cuda_slots.table(state, "rec", m.index, rows, rec) if keep else None
+        proj = cuda_gemv.linear_rows(h, m.w_in, conv=cuda_gemv.ConvEpilogue(ring, m.conv, ctab))
+        o = cuda_deltanet.delta_steps(proj[:, :2 * kd + vd], proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec,
+                                      rtab, a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
+                                      out_dtype=h.dtype)
+        z = proj[:, 2 * kd + vd:2 * kd + 2 * vd]
+        o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, self.rows_exact)
+        return (out_lin or lin)(o.reshape(rows, vd), m.out)
 
     def _full_attn(self, m: FullAttn, h, state: State, start, exact, lin, pos_offset: int = 0,
                    pos: torch.Tensor | None = None, out_lin=None):

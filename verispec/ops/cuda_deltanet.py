@@ -111,6 +111,47 @@ if triton is not None:
         if SAVE:
             tl.store(slot_ptr + cell, st)
 
+    @triton.jit
+    def _delta_steps(mix_ptr, mix_stride, ba_ptr, ba_stride, alog_ptr, dtb_ptr, s_ptr, o_ptr, tab_ptr, R,
+                     HV: tl.constexpr, REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                     SCALE: tl.constexpr, EPS: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr):
+        """_delta_step for rows 0..R-1 in order in one launch: the state block stays in registers
+        from row to row (the same fp32 values a launch per row would store and reload), each
+        row's output is written, and with SAVE the state after row r < R-1 goes to the slot at
+        tab[r]."""
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
+        h = tl.program_id(0)
+        vb = tl.program_id(1)
+        kh = h // REP
+        offs_k = tl.arange(0, DK)
+        offs_v = vb * BV + tl.arange(0, BV)
+        cell = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+        st = tl.load(s_ptr + cell)                                     # [DK, BV] fp32
+        a_log = tl.load(alog_ptr + h)
+        dtb = tl.load(dtb_ptr + h).to(tl.float32)
+        for r in range(R):
+            row = mix_ptr + r * mix_stride
+            qq = tl.load(row + kh * DK + offs_k).to(tl.float32)
+            kk = tl.load(row + (HV // REP) * DK + kh * DK + offs_k).to(tl.float32)
+            vv = tl.load(row + 2 * (HV // REP) * DK + h * DV + offs_v).to(tl.float32)
+            qq = qq * tl.rsqrt(tl.sum(qq * qq, 0) + EPS) * SCALE
+            kk = kk * tl.rsqrt(tl.sum(kk * kk, 0) + EPS)
+            brow = ba_ptr + r * ba_stride
+            beta = tl.sigmoid(tl.load(brow + h).to(tl.float32)).to(brow.dtype.element_ty).to(tl.float32)
+            a = tl.load(brow + HV + h).to(tl.float32) + dtb
+            g = -a_log * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+            st = st * tl.exp(g)
+            kv = tl.sum(st * kk[:, None], axis=0)                      # [BV]
+            delta = (vv - kv) * beta
+            st = st + kk[:, None] * delta[None, :]
+            tl.store(o_ptr + (r * HV + h) * DV + offs_v, tl.sum(st * qq[:, None], axis=0).to(o_ptr.dtype.element_ty))
+            if SAVE:
+                slot = tl.load(tab_ptr + r).to(tl.pointer_type(tl.float32))
+                tl.store(slot + cell, st, mask=(offs_k[:, None] >= 0) & (r < R - 1))
+        tl.store(s_ptr + cell, st)
+
 
 def usable(x: torch.Tensor) -> bool:
     return enabled and triton is not None and x.is_cuda
@@ -168,4 +209,24 @@ def delta_step_rows(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tens
         _delta_step[(hv, triton.cdiv(dv, bv))](mixed[r], ba[r], a_log_exp, dt_bias, state, out[r],
                                                slot if slot is not None else state, HV=hv, REP=hv // hk, DK=dk,
                                                DV=dv, BV=bv, SCALE=dk ** -0.5, EPS=eps, SAVE=slot is not None, **cuda_launch.flags(mixed[r].device))
+    return out
+
+
+def delta_steps(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tensor, dt_bias: torch.Tensor,
+                state: torch.Tensor, slot_table: torch.Tensor | None, hk: int, dk: int, dv: int, eps: float = 1e-6,
+                out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """delta_step_rows in one launch for all rows: mixed [rows, >= 2*hk*dk + Hv*dv] (q|k|v,
+    unit stride along features, any row stride); ba [rows, >= 2*Hv] (b | a, any row stride);
+    state [Hv, dk, dv] fp32 (in place); slot_table: cuda_slots table (the state after row r <
+    rows-1 to its slot) or None. Returns [rows, Hv, dv] in out_dtype."""
+    rows = mixed.shape[0]
+    hv = state.shape[0]
+    if mixed.stride(1) != 1 or ba.stride(1) != 1:
+        raise ValueError("q|k|v and b|a need unit stride")
+    out = torch.empty(rows, hv, dv, dtype=out_dtype, device=mixed.device)
+    bv = min(32, dv)
+    tab = slot_table if slot_table is not None else state
+    _delta_steps[(hv, triton.cdiv(dv, bv))](mixed, mixed.stride(0), ba, ba.stride(0), a_log_exp, dt_bias, state, out,
+                                           tab, rows, HV=hv, REP=hv // hk, DK=dk, DV=dv, BV=bv, SCALE=dk ** -0.5,
+                                           EPS=eps, SAVE=slot_table is not None, **cuda_launch.flags(mixed.device))
     return out

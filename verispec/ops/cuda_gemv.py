@@ -41,10 +41,13 @@ class Partials:
 
 if triton is not None:
     @triton.jit
-    def _gemv_rows(x_ptr, w_ptr, out_ptr, R, N, x_stride, K: tl.constexpr, ROWS_P: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr):
+    def _gemv_rows(x_ptr, w_ptr, out_ptr, R, N, x_stride, ring_ptr, cw_ptr, tab_ptr, C, K: tl.constexpr,
+                   ROWS_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                   CONV: tl.constexpr, KC: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr):
         """Program (nb, s): output columns block nb over the s-th of SPLIT chunks of K. SPLIT 1:
-        out is y [R, N]; else out is the fp32 partials [SPLIT, ROWS_P, N] for _split_sum."""
+        out is y [R, N]; else out is the fp32 partials [SPLIT, ROWS_P, N] for _split_sum.
+        CONV (SPLIT 1): columns below C are the DeltaNet's conv channels; their rows go through
+        the causal conv, row after row, in this program (see _conv_epilogue)."""
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
@@ -61,8 +64,53 @@ if triton is not None:
             x = tl.load(x_ptr + offs_r[:, None] * x_stride + offs_k[None, :], mask=r_ok[:, None], other=0.0)
             w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
             acc = tl.dot(x, tl.trans(w), acc)
-        tl.store(out_ptr + (sp * ROWS_P + offs_r[:, None]) * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
+        y = acc.to(out_ptr.dtype.element_ty)
+        if CONV:
+            if nb * BLOCK_N < C:     # C is a multiple of BLOCK_N: a block is all conv or none
+                y = _conv_epilogue(y, R, offs_n, ring_ptr, cw_ptr, tab_ptr, ROWS_P, KC, SAVE)
+        tl.store(out_ptr + (sp * ROWS_P + offs_r[:, None]) * N + offs_n[None, :], y,
                  mask=r_ok[:, None] & n_ok[None, :])
+
+    @triton.jit
+    def _conv_epilogue(y, R, offs_n, ring_ptr, cw_ptr, tab_ptr, ROWS_P: tl.constexpr, KC: tl.constexpr,
+                       SAVE: tl.constexpr):
+        """The causal conv (kernel KC = 4) of the channels offs_n for rows 0..R-1 in order, as
+        _conv_row does it (cuda_deltanet.py), on the product's rounded outputs y [ROWS_P,
+        BLOCK_N]: out = silu(sum_j ring[:, j] w[:, j] + x w[:, 3]), then the ring shifts x in.
+        The ring [C, 3] is updated in place; with SAVE the ring after row r < R-1 goes to the
+        slot at tab[r]. A channel belongs to one program: nothing it writes is read elsewhere."""
+        offs_r = tl.arange(0, ROWS_P)
+        r0 = tl.load(ring_ptr + offs_n * (KC - 1)).to(tl.float32)
+        r1 = tl.load(ring_ptr + offs_n * (KC - 1) + 1).to(tl.float32)
+        r2 = tl.load(ring_ptr + offs_n * (KC - 1) + 2).to(tl.float32)
+        w0 = tl.load(cw_ptr + offs_n * KC).to(tl.float32)
+        w1 = tl.load(cw_ptr + offs_n * KC + 1).to(tl.float32)
+        w2 = tl.load(cw_ptr + offs_n * KC + 2).to(tl.float32)
+        w3 = tl.load(cw_ptr + offs_n * KC + 3).to(tl.float32)
+        yf = y.to(tl.float32)
+        out = tl.zeros(y.shape, dtype=tl.float32)
+        all_n = offs_n >= 0
+        for r in tl.static_range(ROWS_P):
+            live = r < R
+            x = tl.sum(tl.where(offs_r[:, None] == r, yf, 0.0), axis=0)
+            a = tl.zeros(x.shape, dtype=tl.float32)
+            a += r0 * w0
+            a += r1 * w1
+            a += r2 * w2
+            a += x * w3
+            c = (a * tl.sigmoid(a)).to(y.dtype).to(tl.float32)
+            out = tl.where(offs_r[:, None] == r, c[None, :], out)
+            r0, r1, r2 = tl.where(live, r1, r0), tl.where(live, r2, r1), tl.where(live, x, r2)
+            if SAVE:
+                slot = tl.load(tab_ptr + r).to(tl.pointer_type(ring_ptr.dtype.element_ty))
+                keep = all_n & (r < R - 1)
+                tl.store(slot + offs_n * (KC - 1), r0.to(ring_ptr.dtype.element_ty), mask=keep)
+                tl.store(slot + offs_n * (KC - 1) + 1, r1.to(ring_ptr.dtype.element_ty), mask=keep)
+                tl.store(slot + offs_n * (KC - 1) + 2, r2.to(ring_ptr.dtype.element_ty), mask=keep)
+        tl.store(ring_ptr + offs_n * (KC - 1), r0.to(ring_ptr.dtype.element_ty))
+        tl.store(ring_ptr + offs_n * (KC - 1) + 1, r1.to(ring_ptr.dtype.element_ty))
+        tl.store(ring_ptr + offs_n * (KC - 1) + 2, r2.to(ring_ptr.dtype.element_ty))
+        return out.to(y.dtype)
 
     @triton.jit
     def _split_sum(part_ptr, y_ptr, N, ROWS_P: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
@@ -101,10 +149,29 @@ def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
             and 1 <= x.shape[0] <= ROWS and x.stride(1) == 1 and w.is_contiguous() and k % 64 == 0)
 
 
-def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, partials: bool = False) -> torch.Tensor:
+@dataclass(frozen=True)
+class ConvEpilogue:
+    """The DeltaNet's causal conv run on a product's first C output columns (kernel 4): ring
+    [C, 3] (updated in place), weight [C, 4], slots: cuda_slots.table(...) for a verify that
+    keeps each row's ring, or None."""
+    ring: torch.Tensor
+    weight: torch.Tensor
+    slots: torch.Tensor | None
+
+
+def conv_fits(w: torch.Tensor, conv_channels: int, kernel: int) -> bool:
+    """Whether the product with w [N, K] can carry the conv of its first conv_channels outputs."""
+    k, n = w.shape[1], w.shape[0]
+    cfg = CONFIG.get((k, n), DEFAULT)
+    return kernel == 4 and (len(cfg) < 5 or cfg[4] == 1) and conv_channels % cfg[0] == 0
+
+
+def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, partials: bool = False,
+                conv: ConvEpilogue | None = None) -> torch.Tensor:
     """x [R, K] (R <= 16, unit stride along K) @ w[N, K]^T -> [R, N] in x's dtype. With partials
     (a split-K shape), the unsummed fp32 partials [SPLIT, 16, N] instead, for a consumer that
-    sums them in chunk order itself (cuda_moe.route_shared)."""
+    sums them in chunk order itself (cuda_moe.route_shared). With conv (conv_fits), the first
+    C output columns come out through the causal conv, row after row."""
     rows, k = x.shape
     n = w.shape[0]
     cfg = config or CONFIG.get((k, n), DEFAULT)
@@ -117,12 +184,22 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, p
         split = 1
     if partials and split == 1:
         raise ValueError(f"partials need a split-K configuration; ({k}, {n}) has none")
+    if conv is not None and (split != 1 or conv.ring.shape[0] % bn or conv.weight.shape[1] != 4
+                             or not (conv.ring.is_contiguous() and conv.weight.is_contiguous())):
+        raise ValueError("the conv epilogue needs an unsplit product, C a multiple of its block and kernel 4")
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     out = y if split == 1 else torch.empty(split, ROWS, n, dtype=torch.float32, device=x.device)
-    _gemv_rows[(triton.cdiv(n, bn), split)](x, w, out, rows, n, x.stride(0), K=k, ROWS_P=ROWS, BLOCK_N=bn,
-                                            BLOCK_K=bk, SPLIT=split, num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
+    if conv is None:
+        cargs, save = (out, out, out, 0), False
+    else:
+        tab = conv.slots if conv.slots is not None else conv.ring
+        cargs, save = (conv.ring, conv.weight, tab, conv.ring.shape[0]), conv.slots is not None
+    _gemv_rows[(triton.cdiv(n, bn), split)](x, w, out, rows, n, x.stride(0), *cargs, K=k, ROWS_P=ROWS, BLOCK_N=bn,
+                                            BLOCK_K=bk, SPLIT=split, CONV=conv is not None, KC=4, SAVE=save,
+                                            num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
     if partials:
         return out
     if split > 1:
-        _split_sum[(rows, triton.cdiv(n, 1024))](out, y, n, ROWS_P=ROWS, SPLIT=split, BLOCK=1024, num_warps=4, **cuda_launch.flags(out.device))
+        _split_sum[(rows, triton.cdiv(n, 1024))](out, y, n, ROWS_P=ROWS, SPLIT=split, BLOCK=1024, num_warps=4,
+                                                 **cuda_launch.flags(out.device))
     return y
