@@ -220,7 +220,8 @@ def route_shared(x: torch.Tensor, rows: int, n_experts: int, top_k: int,
     (cuda_gemv.linear_rows(..., partials=True)), summed here in chunk order and rounded as the
     product would round them; columns the E router logits, then the shared expert's gate.
     -> weights [R, K + 1] fp32, ids [R, K + 1] int32: the top K experts, then the shared expert
-    (id E) with weight bf16(sigmoid(gate))."""
+    (id E) with weight bf16(sigmoid(gate)). One warp per row: the top-k's sixteen reductions
+    stay within the warp (no shared-memory round trips); the arithmetic is the same."""
     n = x.shape[-1]
     if n < n_experts + 1 or x.stride(-1) != 1 or (x.dim() == 3 and not x.is_contiguous()):
         raise ValueError("router output: [R, >= E + 1] with unit stride, or contiguous partials [SPLIT, R, >= E + 1]")
@@ -228,7 +229,7 @@ def route_shared(x: torch.Tensor, rows: int, n_experts: int, top_k: int,
     w = torch.empty(rows, top_k + 1, dtype=torch.float32, device=x.device)
     i = torch.empty(rows, top_k + 1, dtype=torch.int32, device=x.device)
     _route[(rows,)](x, stride, split_stride, w, i, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k + 1),
-                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), SPLIT=split, SHARED=True, num_warps=4,
+                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), SPLIT=split, SHARED=True, num_warps=1,
                     **cuda_launch.flags(x.device))
     return w, i
 
