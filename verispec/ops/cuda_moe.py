@@ -221,7 +221,8 @@ def route_shared(x: torch.Tensor, rows: int, n_experts: int, top_k: int,
     product would round them; columns the E router logits, then the shared expert's gate.
     -> weights [R, K + 1] fp32, ids [R, K + 1] int32: the top K experts, then the shared expert
     (id E) with weight bf16(sigmoid(gate)). One warp per row: the top-k's sixteen reductions
-    stay within the warp (no shared-memory round trips); the arithmetic is the same."""
+    stay within the warp (no shared-memory round trips); every row runs this same compiled
+    kernel, so its bits do not depend on the row count."""
     n = x.shape[-1]
     if n < n_experts + 1 or x.stride(-1) != 1 or (x.dim() == 3 and not x.is_contiguous()):
         raise ValueError("router output: [R, >= E + 1] with unit stride, or contiguous partials [SPLIT, R, >= E + 1]")
