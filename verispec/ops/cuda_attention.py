@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover
     triton = None
 
 enabled = True
+ATTEND = (16, 8, 4)   # (positions per block, programs per head, warps); bench/cuda_small_sweep.py
 
 if triton is not None:
     @triton.jit
@@ -136,7 +137,7 @@ def usable(x: torch.Tensor) -> bool:
 
 def gated_attention(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cos: torch.Tensor,
                     sin: torch.Tensor, pos: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, nh: int, eps: float,
-                    block_l: int = 16, parts: int = 8) -> torch.Tensor:
+                    block_l: int | None = None, parts: int | None = None) -> torch.Tensor:
     """proj [rows, q|gate per head (2*hd each) | k (nkv*hd) | v (nkv*hd)]; cos/sin [positions, rot]
     fp32 tables; pos [rows] (device); kc, vc [nkv, L, hd] (written at pos) -> [rows, nh*hd]
     = attention * sigmoid(gate), in proj's dtype. Each (row, head) is split over `parts`
@@ -145,6 +146,7 @@ def gated_attention(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
     rows = proj.shape[0]
     nkv, length, hd = kc.shape
     rot = cos.shape[1]
+    block_l, parts, warps = block_l or ATTEND[0], parts or ATTEND[1], ATTEND[2]
     if proj.stride(1) != 1 or not (kc.is_contiguous() and vc.is_contiguous()):
         raise ValueError("gated_attention needs unit-stride projections and contiguous caches")
     q = torch.empty(rows, nh, hd, dtype=proj.dtype, device=proj.device)
@@ -154,7 +156,7 @@ def gated_attention(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
     lsum = torch.empty(rows, nh, parts, dtype=torch.float32, device=proj.device)
     acc = torch.empty(rows, nh, parts, hd, dtype=torch.float32, device=proj.device)
     _attend[(rows, nh, parts)](q, kc, vc, pos, m, lsum, acc, hd ** -0.5, NH=nh, NKV=nkv, HD=hd, L=length,
-                               BLOCK_L=block_l, G=parts, num_warps=4, **cuda_launch.flags(q.device))
+                               BLOCK_L=block_l, G=parts, num_warps=warps, **cuda_launch.flags(q.device))
     o = torch.empty(rows, nh * hd, dtype=proj.dtype, device=proj.device)
     _attend_merge[(rows, nh)](m, lsum, acc, proj, proj.stride(0), o, NH=nh, HD=hd, G=parts, num_warps=4,
                               **cuda_launch.flags(q.device))

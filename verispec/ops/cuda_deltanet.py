@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover
     triton = None
 
 enabled = True
+STEPS = (32, 4)   # delta_steps: (value columns per program, warps); bench/cuda_small_sweep.py
 
 if triton is not None:
     @triton.jit
@@ -224,9 +225,10 @@ def delta_steps(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tensor, 
     if mixed.stride(1) != 1 or ba.stride(1) != 1:
         raise ValueError("q|k|v and b|a need unit stride")
     out = torch.empty(rows, hv, dv, dtype=out_dtype, device=mixed.device)
-    bv = min(32, dv)
+    bv, warps = min(STEPS[0], dv), STEPS[1]
     tab = slot_table if slot_table is not None else state
     _delta_steps[(hv, triton.cdiv(dv, bv))](mixed, mixed.stride(0), ba, ba.stride(0), a_log_exp, dt_bias, state, out,
                                            tab, rows, HV=hv, REP=hv // hk, DK=dk, DV=dv, BV=bv, SCALE=dk ** -0.5,
-                                           EPS=eps, SAVE=slot_table is not None, **cuda_launch.flags(mixed.device))
+                                           EPS=eps, SAVE=slot_table is not None, num_warps=warps,
+                                           **cuda_launch.flags(mixed.device))
     return out

@@ -90,8 +90,7 @@ if triton is not None:
         yf = y.to(tl.float32)
         out = tl.zeros(y.shape, dtype=tl.float32)
         all_n = offs_n >= 0
-        for r in tl.static_range(ROWS_P):
-            live = r < R
+        for r in range(0, R):          # the rows present only: one pass for a decode row
             x = tl.sum(tl.where(offs_r[:, None] == r, yf, 0.0), axis=0)
             a = tl.zeros(x.shape, dtype=tl.float32)
             a += r0 * w0
@@ -100,7 +99,7 @@ if triton is not None:
             a += x * w3
             c = (a * tl.sigmoid(a)).to(y.dtype).to(tl.float32)
             out = tl.where(offs_r[:, None] == r, c[None, :], out)
-            r0, r1, r2 = tl.where(live, r1, r0), tl.where(live, r2, r1), tl.where(live, x, r2)
+            r0, r1, r2 = r1, r2, x
             if SAVE:
                 slot = tl.load(tab_ptr + r).to(tl.pointer_type(ring_ptr.dtype.element_ty))
                 keep = all_n & (r < R - 1)

@@ -196,7 +196,8 @@ if triton is not None:
 # (BLOCK_N, BLOCK_K, num_warps, num_stages) per kernel; fixed, never autotuned (a tuner choosing
 # by row count would change the reduction order with it). Chosen on the H200 by
 # bench/cuda_moe_sweep.py (docs/cuda.md).
-CONFIG = {"gate_up": (8, 256, 8, 3), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1)}
+CONFIG = {"gate_up": (8, 256, 8, 3), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),
+          "combine_norm": 8, "route": 1}   # the last two: warps (bench/cuda_small_sweep.py)
 
 
 def route(logits: torch.Tensor, n_experts: int, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,7 +231,7 @@ def route_shared(x: torch.Tensor, rows: int, n_experts: int, top_k: int,
     w = torch.empty(rows, top_k + 1, dtype=torch.float32, device=x.device)
     i = torch.empty(rows, top_k + 1, dtype=torch.int32, device=x.device)
     _route[(rows,)](x, stride, split_stride, w, i, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k + 1),
-                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), SPLIT=split, SHARED=True, num_warps=1,
+                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), SPLIT=split, SHARED=True, num_warps=CONFIG["route"],
                     **cuda_launch.flags(x.device))
     return w, i
 
@@ -316,7 +317,8 @@ def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, 
     resid = resid.contiguous()
     _combine[(rows, 1)](y, top_w, out, top_w, 0, out, resid, norm_w.contiguous(), s, eps, h, TOP_K=slots - 1,
                         SLOTS=slots, HAS_EXTRA=False, HAS_GATE=False, SHARED=True, NORM=True,
-                        BLOCK=triton.next_power_of_2(h), num_warps=8, num_stages=1, **cuda_launch.flags(y.device))
+                        BLOCK=triton.next_power_of_2(h), num_warps=CONFIG["combine_norm"], num_stages=1,
+                        **cuda_launch.flags(y.device))
     return s, out
 
 

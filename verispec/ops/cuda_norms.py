@@ -26,6 +26,8 @@ except ImportError:  # pragma: no cover
     triton = None
 
 ZC, L2, GATED = 0, 1, 2
+# warps per program (fixed; never by row count): bench/cuda_small_sweep.py
+WARPS = {"row": 4, "add": 4}
 enabled = True   # tests and benchmarks switch the kernels off to compare with the torch path
 
 if triton is not None:
@@ -92,7 +94,8 @@ def row_norm(x: torch.Tensor, mode: int, eps: float, weight: torch.Tensor | None
     y = torch.empty_like(xc)
     w = weight.contiguous() if weight is not None else xc
     z = gate.contiguous() if gate is not None else xc
-    _row_norm[(xc.numel() // n,)](xc, w, z, y, eps, N=n, BLOCK=triton.next_power_of_2(n), MODE=mode, **cuda_launch.flags(xc.device))
+    _row_norm[(xc.numel() // n,)](xc, w, z, y, eps, N=n, BLOCK=triton.next_power_of_2(n), MODE=mode,
+                                  num_warps=WARPS["row"], **cuda_launch.flags(xc.device))
     return y
 
 
@@ -109,5 +112,6 @@ def add_row_norm(x: torch.Tensor, h, weight: torch.Tensor, eps: float) -> tuple[
     else:
         hc, split, stride = h.contiguous(), 1, 0
     _add_row_norm[(xc.numel() // n,)](xc, hc, weight.contiguous(), s, y, eps, stride, N=n,
-                                      BLOCK=triton.next_power_of_2(n), SPLIT=split, **cuda_launch.flags(xc.device))
+                                      BLOCK=triton.next_power_of_2(n), SPLIT=split, num_warps=WARPS["add"],
+                                      **cuda_launch.flags(xc.device))
     return s, y
