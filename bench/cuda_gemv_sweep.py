@@ -36,12 +36,16 @@ SHAPES = [(2048, 12352), (2048, 9216), (4096, 2048), (2048, 1288), (512, 2048), 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    ap.add_argument("--shapes", default="", help="KxN,... (default: every decode shape)")
+    ap.add_argument("--partials", action="store_true",
+                    help="time split-K candidates without their sum (the model hands partials to the consumer)")
     a = ap.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
     torch.manual_seed(0)
     bf = torch.bfloat16
     res = {"gpu": torch.cuda.get_device_name(), "shapes": {}}
     table = {}
-    for k, n in dict.fromkeys(SHAPES):
+    for k, n in dict.fromkeys(shapes):
         copies = max(1, math.ceil(256e6 / (k * n * 2)))
         ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(bf) for _ in range(copies)]
         out = {"cublas_padded": {}, "configs": []}
@@ -62,7 +66,8 @@ def main() -> int:
             try:
                 for rows in (1, 4):
                     x = torch.randn(rows, k, device="cuda").to(bf)
-                    row[rows] = graph_us([lambda w=w: cuda_gemv.linear_rows(x, w, cfg) for w in ws])
+                    part = a.partials and sp > 1
+                    row[rows] = graph_us([lambda w=w: cuda_gemv.linear_rows(x, w, cfg, partials=part) for w in ws])
             except Exception as e:    # out of resources: not a candidate
                 print(k, n, cfg, type(e).__name__, flush=True)
                 continue
