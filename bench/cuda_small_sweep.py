@@ -76,7 +76,7 @@ def main() -> int:
     o, z, nw = rnd(16, 32, 128), rnd(16, 32, 128), rnd(128)
 
     def gated(cfg, rows):
-        cuda_norms.WARPS["row"] = cfg[0]
+        cuda_norms.WARPS["gated"] = cfg[0]
         return lambda: cuda_norms.row_norm(o[:rows], cuda_norms.GATED, 1e-6, nw, z[:rows])
     sweep("row_norm gated", [(1,), (2,), (4,), (8,)], gated, res)
 

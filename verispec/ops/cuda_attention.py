@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover
     triton = None
 
 enabled = True
-ATTEND = (16, 8, 4)   # (positions per block, programs per head, warps); bench/cuda_small_sweep.py
+ATTEND = (16, 16, 2)   # (positions per block, programs per head, warps); bench/cuda_small_sweep.py
 
 if triton is not None:
     @triton.jit

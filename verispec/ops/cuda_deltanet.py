@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover
     triton = None
 
 enabled = True
-STEPS = (32, 4)   # delta_steps: (value columns per program, warps); bench/cuda_small_sweep.py
+STEPS = (16, 2)   # delta_steps: (value columns per program, warps); bench/cuda_small_sweep.py
 
 if triton is not None:
     @triton.jit

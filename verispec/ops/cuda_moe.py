@@ -45,8 +45,10 @@ if triton is not None:
         base = tl.where(e == E, sh_off, e * (2 * I) * H)
         g_rows = w_ptr + base + offs_n[:, None].to(tl.int64) * H
         u_rows = g_rows + I * H
-        acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_N], dtype=tl.float32)
+        # products accumulate element-wise across the K blocks and are reduced once at the end
+        # (a reduction per block was a cross-thread shuffle per block)
+        acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_ok = offs_k < H
@@ -54,9 +56,11 @@ if triton is not None:
             m = n_ok[:, None] & k_ok[None, :]
             wg = tl.load(g_rows + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
             wu = tl.load(u_rows + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
-            acc_g += tl.sum(wg * xv[None, :], axis=1)
-            acc_u += tl.sum(wu * xv[None, :], axis=1)
-        act = acc_g * tl.sigmoid(acc_g) * acc_u
+            acc_g += wg * xv[None, :]
+            acc_u += wu * xv[None, :]
+        g_sum = tl.sum(acc_g, axis=1)
+        u_sum = tl.sum(acc_u, axis=1)
+        act = g_sum * tl.sigmoid(g_sum) * u_sum
         tl.store(act_ptr + pair * I + offs_n, act.to(act_ptr.dtype.element_ty), mask=n_ok)
 
     @triton.jit
@@ -71,14 +75,14 @@ if triton is not None:
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < H
         w_rows = w_ptr + tl.where(e == E, sh_off, e * H * I) + offs_n[:, None].to(tl.int64) * I
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_ok = offs_k < I
             av = tl.load(act_ptr + pair * I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
             wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-            acc += tl.sum(wv * av[None, :], axis=1)
-        tl.store(y_ptr + pair * H + offs_n, acc, mask=n_ok)
+            acc += wv * av[None, :]
+        tl.store(y_ptr + pair * H + offs_n, tl.sum(acc, axis=1), mask=n_ok)
 
     @triton.jit
     def _combine(y_ptr, wt_ptr, extra_ptr, gate_ptr, gate_stride, out_ptr, res_ptr, nw_ptr, s_ptr, eps,
@@ -197,7 +201,7 @@ if triton is not None:
 # by row count would change the reduction order with it). Chosen on the H200 by
 # bench/cuda_moe_sweep.py (docs/cuda.md).
 CONFIG = {"gate_up": (8, 256, 8, 3), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),
-          "combine_norm": 8, "route": 1}   # the last two: warps (bench/cuda_small_sweep.py)
+          "combine_norm": 32, "route": 1}   # the last two: warps (bench/cuda_small_sweep.py)
 
 
 def route(logits: torch.Tensor, n_experts: int, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
