@@ -204,12 +204,13 @@ def delta_step_rows(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tens
     if ba.stride(1) != 1:
         raise ValueError("b|a need unit stride")
     out = torch.empty(rows, hv, dv, dtype=out_dtype, device=mixed.device)
-    bv = min(32, dv)
+    bv, warps = min(STEPS[0], dv), STEPS[1]     # delta_steps' shape: the same bits, row for row
     for r in range(rows):
         slot = slots[r] if r < len(slots) else None
         _delta_step[(hv, triton.cdiv(dv, bv))](mixed[r], ba[r], a_log_exp, dt_bias, state, out[r],
                                                slot if slot is not None else state, HV=hv, REP=hv // hk, DK=dk,
-                                               DV=dv, BV=bv, SCALE=dk ** -0.5, EPS=eps, SAVE=slot is not None, **cuda_launch.flags(mixed[r].device))
+                                               DV=dv, BV=bv, SCALE=dk ** -0.5, EPS=eps, SAVE=slot is not None,
+                                               num_warps=warps, **cuda_launch.flags(mixed[r].device))
     return out
 
 
