@@ -204,7 +204,7 @@ def delta_step_rows(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tens
     if ba.stride(1) != 1:
         raise ValueError("b|a need unit stride")
     out = torch.empty(rows, hv, dv, dtype=out_dtype, device=mixed.device)
-    bv, warps = min(STEPS[0], dv), STEPS[1]     # delta_steps' shape: the same bits, row for row
+    bv, warps = min(STEPS[0], dv), STEPS[1]     # delta_steps' block shape
     for r in range(rows):
         slot = slots[r] if r < len(slots) else None
         _delta_step[(hv, triton.cdiv(dv, bv))](mixed[r], ba[r], a_log_exp, dt_bias, state, out[r],
