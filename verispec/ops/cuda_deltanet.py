@@ -112,7 +112,9 @@ if triton is not None:
         if SAVE:
             tl.store(slot_ptr + cell, st)
 
-    @triton.jit
+    # R unspecialised: Triton compiles a separate kernel for an int argument equal to 1 (or a
+    # multiple of 16), and a decode row (R = 1) must run the same code as a verify's rows
+    @triton.jit(do_not_specialize=["R"])
     def _delta_steps(mix_ptr, mix_stride, ba_ptr, ba_stride, alog_ptr, dtb_ptr, s_ptr, o_ptr, tab_ptr, R,
                      HV: tl.constexpr, REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
                      SCALE: tl.constexpr, EPS: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr):

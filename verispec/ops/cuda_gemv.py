@@ -40,7 +40,9 @@ class Partials:
     rows: int
 
 if triton is not None:
-    @triton.jit
+    # R unspecialised: Triton compiles a separate kernel for an int argument equal to 1 (or a
+    # multiple of 16), and a decode row (R = 1) must run the same code as a verify's rows
+    @triton.jit(do_not_specialize=["R"])
     def _gemv_rows(x_ptr, w_ptr, out_ptr, R, N, x_stride, ring_ptr, cw_ptr, tab_ptr, C, K: tl.constexpr,
                    ROWS_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                    CONV: tl.constexpr, KC: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr):
