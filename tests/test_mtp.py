@@ -97,6 +97,41 @@ def test_head_state_in_a_long_session_with_rejections_and_declines():
     del rows_of_next
 
 
+def test_declined_steps_absorb_together():
+    """A head the gate keeps declining (rows priced at 4 plain steps by a fake clock): the
+    pairs of declined steps are absorbed together (at most DEFER_MAX per call) before the head
+    next writes a row, so far fewer absorb calls than steps; every head row written (the
+    probes) still matches the stateless reference, and the output equals plain decoding."""
+    from verispec.drafts.mtp import DEFER_MAX
+    family, kw = "qwen3_next", {"vocab_size": 32, "aligned_head": True}
+    eng = engine(family, 4, mtp=True, **kw)
+    ref = _ref_head(family, 4, **kw)
+    ticks = {"t": 0.0}
+    s = arm_settings(plain_settings(120), lookup=False, mtp="on", mtp_drafts=0, mtp_vocab=0, gate=True)
+    dec = eng.new_decoder(s, REPEAT_PROMPT, clock=lambda: ticks["t"])
+    mtp = next(x for x in dec.sources if x.name == "mtp")
+    mtp.log_scores = True
+    forward = eng.model.forward
+
+    def timed_forward(ids, state, **k):
+        out = forward(ids, state, **k)
+        ticks["t"] += 0.010 * (1 + 3.0 * (len(ids) - 1))
+        return out
+
+    dec.model = type("M", (), {"forward": staticmethod(timed_forward), "args": eng.model.args})()
+    res = eng.generate(REPEAT_PROMPT, s, decoder=dec)
+    st = res.stats
+    steps = len(res.ids)
+    assert st["declined"] >= steps // 2, st["declined"]
+    probes = st["by_source"].get("mtp", {}).get("verifies", 0)
+    assert probes >= 2, "no probe: nothing flushed the deferred pairs"
+    # prefill (one call), then per verify: the flush and the settle; per DEFER_MAX declines one
+    assert mtp.absorb_calls <= 1 + 2 * probes + st["declined"] // DEFER_MAX + 1, (mtp.absorb_calls, probes, steps)
+    assert mtp.absorb_calls < steps // 3
+    assert _check_logged(eng, ref, dec, REPEAT_PROMPT, res) >= probes
+    assert res.ids == run(eng, REPEAT_PROMPT, plain_settings(120)).ids
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_wiring_pre_and_post_differ(family):
     eng = engine(family, 0, mtp=True)

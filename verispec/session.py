@@ -75,6 +75,7 @@ class Session:
         mtp = self._mtp
         head = None
         if mtp is not None:
+            mtp.sync()                    # deferred absorbs into the cache before it is saved
             n = len(ids)
             head = (mtp.cache.k[0][:, :n].clone(), mtp.cache.v[0][:, :n].clone(),
                     None if mtp.pending is None else mtp.pending.clone())
@@ -88,6 +89,7 @@ class Session:
             mtp.cache.k[0][:, :k.shape[1]] = k
             mtp.cache.v[0][:, :v.shape[1]] = v
             mtp.pending = None if pending is None else pending.clone()
+            mtp.drop_deferred()
 
     def _reset(self) -> None:
         st = self.decoder.state

@@ -7,6 +7,14 @@ Bookkeeping (pair p = (h_p, x_{p+1}) at head index p, see models/mtp.py):
   settled pairs overwrite); with nothing to draft it only absorbs the pending pair;
 - `settle(keep)` absorbs the standing rows of the last forward, each with the token that
   followed it, and keeps the last standing row's hidden state as the next pending one.
+
+A declined step's absorb is deferred: an absorb reads nothing from the head's cache (it
+writes the K/V of its own pairs), so the pairs of consecutive declined steps are absorbed
+together, in one call of up to DEFER_MAX rows, before the head next writes a row (or when a
+session saves its state). With a head the gate keeps declining, a plain step then pays about
+1/DEFER_MAX of an absorb instead of a whole one (the absorb is a product with the head's
+2H x H input matrix and its K/V projections; on a CPU it is ~5% of a mid-size model's step).
+Drafts only: the output never depends on the head's cache.
 """
 
 from __future__ import annotations
@@ -17,6 +25,9 @@ from typing import Callable
 import torch
 
 from ..models.mtp import MTPHead
+
+
+DEFER_MAX = 16
 
 
 class MTPDrafter:
@@ -43,14 +54,45 @@ class MTPDrafter:
         self.last_probs: list[float] = []
         self.logged: list = []   # (index, depth, vocab ids, scores) when log_scores is set (tests)
         self.log_scores = False
+        self._deferred: list[tuple[torch.Tensor, int, int]] = []   # (hidden [H], token, index) not yet absorbed
+        self.absorb_calls = 0
 
     # ----- absorbing -----
+    def _absorb(self, hidden: torch.Tensor, tokens: list[int], index: int) -> None:
+        self.absorb_calls += 1
+        self.head.absorb(self.cache, hidden, tokens, index)
+
+    def _defer(self, hidden: torch.Tensor, token: int, index: int) -> None:
+        # a pair at index supersedes any queued at or past it (a rewound transcript)
+        self._deferred = [d for d in self._deferred if d[2] < index]
+        self._deferred.append((hidden.clone(), token, index))   # a row of a forward's output: keep our own
+        if len(self._deferred) >= DEFER_MAX:
+            self.sync()
+
+    def sync(self) -> None:
+        """Absorb the deferred pairs now (runs of consecutive indices, one call each)."""
+        queued, self._deferred = self._deferred, []
+        i = 0
+        while i < len(queued):
+            j = i + 1
+            while j < len(queued) and queued[j][2] == queued[j - 1][2] + 1:
+                j += 1
+            run = queued[i:j]
+            self._absorb(torch.stack([h for h, _, _ in run]), [t for _, t, _ in run], run[0][2])
+            i = j
+
+    def drop_deferred(self) -> None:
+        """Forget the deferred pairs (the cache was replaced: a session restored a saved one)."""
+        self._deferred = []
+
     def after_prefill(self, out, ids: list[int], start: int) -> None:
         hidden = self.head.pick_hidden(out)
+        self._deferred = [d for d in self._deferred if d[2] < start - 1]
+        self.sync()
         if self.pending is not None and start > 0:
-            self.head.absorb(self.cache, self.pending[None], [ids[0]], start - 1)
+            self._absorb(self.pending[None], [ids[0]], start - 1)
         if len(ids) > 1:
-            self.head.absorb(self.cache, hidden[:-1], ids[1:], start)
+            self._absorb(hidden[:-1], ids[1:], start)
         self.pending = hidden[-1]
 
     def after_forward(self, out, fed: list[int], start: int) -> None:
@@ -60,11 +102,14 @@ class MTPDrafter:
 
     def settle(self, keep: int) -> None:
         if keep > 1:
-            self.head.absorb(self.cache, self._rows[:keep - 1], self._fed[1:keep], self._start)
+            self._deferred = [d for d in self._deferred if d[2] < self._start]
+            self.sync()
+            self._absorb(self._rows[:keep - 1], self._fed[1:keep], self._start)
         self.pending = self._rows[keep - 1]
 
     def reset(self) -> None:
         self.pending = None
+        self._deferred = []
 
     # ----- drafting -----
     def _vocab(self):
@@ -85,9 +130,10 @@ class MTPDrafter:
             k = self.gate.pick(self.name, k)
         if k == 0 or self.pending is None:
             if self.pending is not None:
-                self.head.absorb(self.cache, self.pending[None], [tok], index)
+                self._defer(self.pending, tok, index)
             self.last_probs = []
             return []
+        self.sync()                       # the rows below attend over every absorbed pair
         ids, weight = self._vocab()
         drafts, probs = [], []
         hidden, t = self.pending, tok
