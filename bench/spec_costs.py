@@ -646,7 +646,7 @@ def main() -> int:
                          "the MTP part at the longest)")
     ap.add_argument("--reps", type=int, default=5, help="timed calls per arm per round (micro timings)")
     ap.add_argument("--sections", default="3,4,5")
-    ap.add_argument("--ps", default="0.9,0.6,0.3,0")
+    ap.add_argument("--ps", default="0.9,0.6,0.3,0", help="P of the bernoulli arms ('': none, only the real head's)")
     ap.add_argument("--no-mtp-gate", action="store_true", help="skip the real MTP head arms of section 5")
     ap.add_argument("--no-vocab", action="store_true", help="skip the 151936-vocabulary model (section 4)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, few tokens, output to /tmp")
@@ -710,8 +710,8 @@ def main() -> int:
             # with --update, what was measured before at other lengths, or at other P of the same length, stays
             old_runs = {r["tokens"]: r for r in doc.get("s5", {}).get("runs", [])}
             doc["s5"] = {"runs": sorted(old_runs.values(), key=lambda r: r["tokens"])}
-            ps = tuple(float(p) for p in a.ps.split(","))
-            for n in gate_tokens:
+            ps = tuple(float(p) for p in a.ps.split(",") if p.strip())
+            for n in (gate_tokens if ps else ()):     # --ps '': only the real MTP head's arms
                 with q.section(f"5 gate vs fixed depths (bernoulli), {n} tokens"):
                     run = section5(eng, a.rounds, n, ps)
                 stamp = time.strftime("%Y-%m-%d %H:%M")
