@@ -61,32 +61,33 @@ def test_head_logits_match_reference(family, depth):
     assert _check_logged(eng, ref, dec, REPEAT_PROMPT, res) >= 23 * depth - 3
 
 
-def test_head_state_in_a_long_session_with_rejections_and_declines():
-    """Gate on (fake clock: rows cost 1.3 plain steps), auto depth, lookup too: rejections,
-    declined steps, lookup verifies whose standing rows the head absorbs."""
-    family, kw = "qwen3_next", {"vocab_size": 32, "aligned_head": True}
-    eng = engine(family, 4, mtp=True, **kw)
-    ref = _ref_head(family, 4, **kw)
+def _gated_run(eng, s, extra_row_cost: float):
+    """Generate with the gate timing forwards by a fake clock: an n-row forward costs
+    10 ms * (1 + extra_row_cost * (n - 1)). Returns (decoder, its MTP drafter logging its
+    scores, result)."""
     ticks = {"t": 0.0}
-    rows_of_next = {"n": 1}
-
-    def clock():
-        return ticks["t"]
-
-    s = arm_settings(plain_settings(120), lookup=True, mtp="on", mtp_drafts=0, mtp_vocab=0, gate=True)
-    dec = eng.new_decoder(s, REPEAT_PROMPT, clock=clock)
+    dec = eng.new_decoder(s, REPEAT_PROMPT, clock=lambda: ticks["t"])
     mtp = next(x for x in dec.sources if x.name == "mtp")
     mtp.log_scores = True
     forward = eng.model.forward
 
     def timed_forward(ids, state, **k):
         out = forward(ids, state, **k)
-        ticks["t"] += 0.010 * (1 + 0.3 * (len(ids) - 1))
+        ticks["t"] += 0.010 * (1 + extra_row_cost * (len(ids) - 1))
         return out
 
     dec.model = type("M", (), {"forward": staticmethod(timed_forward), "args": eng.model.args})()
-    dec.trace = []
-    res = eng.generate(REPEAT_PROMPT, s, decoder=dec)
+    return dec, mtp, eng.generate(REPEAT_PROMPT, s, decoder=dec)
+
+
+def test_head_state_in_a_long_session_with_rejections_and_declines():
+    """Gate on (fake clock: rows cost 1.3 plain steps), auto depth, lookup too: rejections,
+    declined steps, lookup verifies whose standing rows the head absorbs."""
+    family, kw = "qwen3_next", {"vocab_size": 32, "aligned_head": True}
+    eng = engine(family, 4, mtp=True, **kw)
+    ref = _ref_head(family, 4, **kw)
+    s = arm_settings(plain_settings(120), lookup=True, mtp="on", mtp_drafts=0, mtp_vocab=0, gate=True)
+    dec, mtp, res = _gated_run(eng, s, extra_row_cost=0.3)
     st = res.stats
     assert st["declined"] >= 1, "the gate never declined"
     assert st["by_source"]["mtp"]["drafts"] > st["by_source"]["mtp"]["accepted"] >= 1
@@ -94,7 +95,6 @@ def test_head_state_in_a_long_session_with_rejections_and_declines():
     assert _check_logged(eng, ref, dec, REPEAT_PROMPT, res) >= 10   # head rows written after declines too
     plain = run(eng, REPEAT_PROMPT, plain_settings(120))
     assert res.ids == plain.ids
-    del rows_of_next
 
 
 def test_declined_steps_absorb_together():
@@ -106,20 +106,8 @@ def test_declined_steps_absorb_together():
     family, kw = "qwen3_next", {"vocab_size": 32, "aligned_head": True}
     eng = engine(family, 4, mtp=True, **kw)
     ref = _ref_head(family, 4, **kw)
-    ticks = {"t": 0.0}
     s = arm_settings(plain_settings(120), lookup=False, mtp="on", mtp_drafts=0, mtp_vocab=0, gate=True)
-    dec = eng.new_decoder(s, REPEAT_PROMPT, clock=lambda: ticks["t"])
-    mtp = next(x for x in dec.sources if x.name == "mtp")
-    mtp.log_scores = True
-    forward = eng.model.forward
-
-    def timed_forward(ids, state, **k):
-        out = forward(ids, state, **k)
-        ticks["t"] += 0.010 * (1 + 3.0 * (len(ids) - 1))
-        return out
-
-    dec.model = type("M", (), {"forward": staticmethod(timed_forward), "args": eng.model.args})()
-    res = eng.generate(REPEAT_PROMPT, s, decoder=dec)
+    dec, mtp, res = _gated_run(eng, s, extra_row_cost=3.0)
     st = res.stats
     steps = len(res.ids)
     assert st["declined"] >= steps // 2, st["declined"]

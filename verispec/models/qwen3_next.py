@@ -499,9 +499,10 @@ class Model:
             conv_slots = rec_slots = None
         if rp is not BATCH and kernels:
             mixed = cuda_deltanet.conv_rows(mixed, ring, m.conv, conv_slots)
-            o = cuda_deltanet.delta_step_rows(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec, rec_slots,
-                                              a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
-                                              out_dtype=h.dtype)
+            rtab = cuda_slots.table(state, "rec", m.index, rows, rec) if save_slots and rows > 1 else None
+            o = cuda_deltanet.delta_steps(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec, rtab,
+                                          a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
+                                          out_dtype=h.dtype)
             o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
             return (out_lin or lin)(o.reshape(rows, vd), m.out)
         if rp is not BATCH:

@@ -1,14 +1,17 @@
-"""The causal conv and the gated delta rule on the GPU: one Triton launch per row.
+"""The causal conv and the gated delta rule on the GPU.
 
 In torch a row of the recurrence is about ten kernels per layer and the conv about nine;
 a verify of 5 rows through 30 DeltaNet layers is then ~3000 launches for these two alone.
-Each kernel here does one row's whole step (and writes the state after it straight into the
-row's copy slot when asked), and it is always the same compiled kernel for every row of
-every forward, so a row's bits cannot depend on how many rows the forward carries.
+Each kernel here does a row's whole step (the conv and the plain delta rule one launch per
+row; `delta_steps` every row of a forward in one launch, in order) and writes the state after
+it straight into the row's copy slot when asked. It is the same compiled code for every row
+of every forward (the row count is a loop bound, never a specialised constant), so a row's
+bits cannot depend on how many rows the forward carries.
 
   conv:   out = silu(sum_j ring[:, j] * w[:, j] + x * w[:, K-1]); ring <- (ring[:, 1:], x)
   delta:  S *= exp(g); kv = S^T k; S += k (beta (v - kv))^T; o = S^T q      (per value head)
-  step:   the delta rule with its inputs made in the same launch (q, k L2 norms, beta, g)
+  steps:  the delta rule with its inputs made in the same launch (q, k L2 norms, beta, g), for
+          every row of a forward in order, the state in registers from row to row
 """
 
 from __future__ import annotations
@@ -74,40 +77,6 @@ if triton is not None:
         delta = (vv - kv) * tl.load(b_ptr + h)
         st = st + kk[:, None] * delta[None, :]
         tl.store(o_ptr + h * DV + offs_v, tl.sum(st * qq[:, None], axis=0))
-        tl.store(s_ptr + cell, st)
-        if SAVE:
-            tl.store(slot_ptr + cell, st)
-
-    @triton.jit
-    def _delta_step(mix_ptr, ba_ptr, alog_ptr, dtb_ptr, s_ptr, o_ptr, slot_ptr, HV: tl.constexpr,
-                    REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, SCALE: tl.constexpr,
-                    EPS: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr):
-        """One row of the whole recurrence step from the conv's output, for value head h and a
-        block of its value columns: q, k L2-normed (q scaled) from key head h // REP,
-        beta = sigmoid(b_h) (rounded to the activations' dtype, as the torch path rounds it),
-        g = -exp(A_log_h) softplus(a_h + dt_bias_h), then the delta rule."""
-        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
-            gdc_wait()
-            gdc_launch_dependents()
-        h = tl.program_id(0)
-        vb = tl.program_id(1)
-        kh = h // REP
-        offs_k = tl.arange(0, DK)
-        offs_v = vb * BV + tl.arange(0, BV)
-        qq = tl.load(mix_ptr + kh * DK + offs_k).to(tl.float32)
-        kk = tl.load(mix_ptr + (HV // REP) * DK + kh * DK + offs_k).to(tl.float32)
-        vv = tl.load(mix_ptr + 2 * (HV // REP) * DK + h * DV + offs_v).to(tl.float32)
-        qq = qq * tl.rsqrt(tl.sum(qq * qq, 0) + EPS) * SCALE
-        kk = kk * tl.rsqrt(tl.sum(kk * kk, 0) + EPS)
-        beta = tl.sigmoid(tl.load(ba_ptr + h).to(tl.float32)).to(ba_ptr.dtype.element_ty).to(tl.float32)
-        a = tl.load(ba_ptr + HV + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32)
-        g = -tl.load(alog_ptr + h) * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
-        cell = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
-        st = tl.load(s_ptr + cell) * tl.exp(g)                       # [DK, BV] fp32
-        kv = tl.sum(st * kk[:, None], axis=0)                          # [BV]
-        delta = (vv - kv) * beta
-        st = st + kk[:, None] * delta[None, :]
-        tl.store(o_ptr + h * DV + offs_v, tl.sum(st * qq[:, None], axis=0).to(o_ptr.dtype.element_ty))
         tl.store(s_ptr + cell, st)
         if SAVE:
             tl.store(slot_ptr + cell, st)
@@ -189,30 +158,6 @@ def delta_rule_rows(q, k, v, g, beta, state, slots: list) -> torch.Tensor:
         _delta_row[(hv, triton.cdiv(dv, bv))](q[r], k[r], v[r], g[r], beta[r], state, out[r],
                                               slot if slot is not None else state,
                                               HV=hv, DK=dk, DV=dv, BV=bv, SAVE=slot is not None, **cuda_launch.flags(q[r].device))
-    return out
-
-
-def delta_step_rows(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tensor, dt_bias: torch.Tensor,
-                    state: torch.Tensor, slots: list, hk: int, dk: int, dv: int, eps: float = 1e-6,
-                    out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The DeltaNet step from the conv's output: mixed [rows, 2*hk*dk + Hv*dv] (q|k|v, the
-    activations' dtype); ba [rows, >= 2*Hv] (b | a, any row stride); a_log_exp [Hv] fp32;
-    dt_bias [Hv]; state [Hv, dk, dv] fp32 (in place); slots[r]: tensor like state for the state
-    after row r, or None. Returns [rows, Hv, dv] in out_dtype (rounded once from fp32, as a
-    cast after it would round). One launch per row."""
-    rows = mixed.shape[0]
-    hv = state.shape[0]
-    mixed = mixed.contiguous()
-    if ba.stride(1) != 1:
-        raise ValueError("b|a need unit stride")
-    out = torch.empty(rows, hv, dv, dtype=out_dtype, device=mixed.device)
-    bv, warps = min(STEPS[0], dv), STEPS[1]     # delta_steps' block shape
-    for r in range(rows):
-        slot = slots[r] if r < len(slots) else None
-        _delta_step[(hv, triton.cdiv(dv, bv))](mixed[r], ba[r], a_log_exp, dt_bias, state, out[r],
-                                               slot if slot is not None else state, HV=hv, REP=hv // hk, DK=dk,
-                                               DV=dv, BV=bv, SCALE=dk ** -0.5, EPS=eps, SAVE=slot is not None,
-                                               num_warps=warps, **cuda_launch.flags(mixed[r].device))
     return out
 
 
