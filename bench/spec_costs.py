@@ -404,7 +404,9 @@ def micro(arms: dict, rounds: int, reps: int, label: str) -> dict:
 
 # ----- section 5: the gate --------------------------------------------------------------------
 
-def section5(eng: Engine, rounds: int, tokens: int, ps: tuple[float, ...]) -> dict:
+def section5(eng: Engine, rounds: int, tokens: int, ps: tuple[float, ...], fixed: dict | None = None,
+             noobs: bool = True) -> dict:
+    """fixed: P -> the fixed depths to run at that P (default 1..5); noobs: the gate_noobs arm."""
     prompt = prompt_for(eng.args.vocab_size)
     plain = DraftSettings(lookup=False, mtp="off")
     ref = run_arm(eng, prompt, tokens, plain)["ids"]
@@ -413,14 +415,15 @@ def section5(eng: Engine, rounds: int, tokens: int, ps: tuple[float, ...]) -> di
     for p in ps:
         force = f"bernoulli:{p:g}"
         arms = {"plain": (plain, False), "plain2": (plain, False)}
-        for k in range(1, 6):
+        for k in (fixed or {}).get(p, range(1, 6)):
             arms[f"fixed{k}"] = (DraftSettings(lookup=True, lookup_drafts=k, mtp="off", gate=False, force=force,
                                                reference=tuple(ref)), False)
         gated = DraftSettings(lookup=True, lookup_drafts=5, mtp="off", gate=True, force=force, reference=tuple(ref))
         arms["gate_cold"] = (gated, True)
         arms["gate"] = (gated, False)
         # the cold gate without free observations (docs/gate.md "Free observations"): the rules alone
-        arms["gate_noobs"] = (dataclasses.replace(gated, gate_observe=False), True)
+        if noobs:
+            arms["gate_noobs"] = (dataclasses.replace(gated, gate_observe=False), True)
         # the forced coins come from the run's sampling seed: a new seed each round (every arm of
         # a round the same), so no arm keeps one lucky or unlucky coin sequence across rounds
         raw = interleaved(arms, rounds, lambda d, r: run_arm(eng, prompt, tokens, *d, seed=SEED0 + r),
@@ -648,6 +651,9 @@ def main() -> int:
     ap.add_argument("--sections", default="3,4,5")
     ap.add_argument("--ps", default="0.9,0.6,0.3,0", help="P of the bernoulli arms ('': none, only the real head's)")
     ap.add_argument("--no-mtp-gate", action="store_true", help="skip the real MTP head arms of section 5")
+    ap.add_argument("--fixed", default="", help="with --ps: the fixed depths to run at each P, e.g. '4,2,1,1' "
+                    "(one per P; '' = every depth 1..5)")
+    ap.add_argument("--no-noobs", action="store_true", help="skip section 5's gate_noobs arm")
     ap.add_argument("--no-vocab", action="store_true", help="skip the 151936-vocabulary model (section 4)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, few tokens, output to /tmp")
     ap.add_argument("--threads", type=int, default=2)
@@ -713,7 +719,8 @@ def main() -> int:
             ps = tuple(float(p) for p in a.ps.split(",") if p.strip())
             for n in (gate_tokens if ps else ()):     # --ps '': only the real MTP head's arms
                 with q.section(f"5 gate vs fixed depths (bernoulli), {n} tokens"):
-                    run = section5(eng, a.rounds, n, ps)
+                    fixed = ({p: (int(k),) for p, k in zip(ps, a.fixed.split(","))} if a.fixed else None)
+                    run = section5(eng, a.rounds, n, ps, fixed, noobs=not a.no_noobs)
                 stamp = time.strftime("%Y-%m-%d %H:%M")
                 run["meta"] = {}
                 for p, arms in run["by_p"].items():

@@ -98,25 +98,26 @@ def test_head_state_in_a_long_session_with_rejections_and_declines():
 
 
 def test_declined_steps_absorb_together():
-    """A head the gate keeps declining (rows priced at 4 plain steps by a fake clock): the
+    """A random head the gate declines (rows priced at 1.3 plain steps by a fake clock): the
     pairs of declined steps are absorbed together (at most DEFER_MAX per call) before the head
-    next writes a row, so far fewer absorb calls than steps; every head row written (the
-    probes) still matches the stateless reference, and the output equals plain decoding."""
+    next writes a row (a probe), so absorb calls are a fraction of the declined steps (one per
+    declined step before); every head row written after such a flush still matches the
+    stateless reference, and the output equals plain decoding."""
     from verispec.drafts.mtp import DEFER_MAX
     family, kw = "qwen3_next", {"vocab_size": 32, "aligned_head": True}
     eng = engine(family, 4, mtp=True, **kw)
     ref = _ref_head(family, 4, **kw)
     s = arm_settings(plain_settings(120), lookup=False, mtp="on", mtp_drafts=0, mtp_vocab=0, gate=True)
-    dec, mtp, res = _gated_run(eng, s, extra_row_cost=3.0)
+    dec, mtp, res = _gated_run(eng, s, extra_row_cost=0.3)
     st = res.stats
-    steps = len(res.ids)
-    assert st["declined"] >= steps // 2, st["declined"]
-    probes = st["by_source"].get("mtp", {}).get("verifies", 0)
-    assert probes >= 2, "no probe: nothing flushed the deferred pairs"
-    # prefill (one call), then per verify: the flush and the settle; per DEFER_MAX declines one
-    assert mtp.absorb_calls <= 1 + 2 * probes + st["declined"] // DEFER_MAX + 1, (mtp.absorb_calls, probes, steps)
-    assert mtp.absorb_calls < steps // 3
-    assert _check_logged(eng, ref, dec, REPEAT_PROMPT, res) >= probes
+    declined = st["gate"]["sources"]["mtp"]["declined"]
+    assert declined >= len(res.ids) // 2, declined
+    late = [i for i, j, *_ in mtp.logged if j == 0 and i > 40]
+    assert len(late) >= 2, "no probe after a run of declines"
+    # prefill; per verify a flush and (when a draft stood) the settle; a flush per DEFER_MAX declines
+    assert mtp.absorb_calls <= 2 + st["verifies"] + st["accepted"] + declined // DEFER_MAX, mtp.absorb_calls
+    assert mtp.absorb_calls < declined / 4
+    assert _check_logged(eng, ref, dec, REPEAT_PROMPT, res) >= st["verifies"]
     assert res.ids == run(eng, REPEAT_PROMPT, plain_settings(120)).ids
 
 

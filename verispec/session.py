@@ -75,7 +75,7 @@ class Session:
         mtp = self._mtp
         head = None
         if mtp is not None:
-            mtp.sync()                    # deferred absorbs into the cache before it is saved
+            mtp.flush_deferred()          # deferred absorbs into the cache before it is saved
             n = len(ids)
             head = (mtp.cache.k[0][:, :n].clone(), mtp.cache.v[0][:, :n].clone(),
                     None if mtp.pending is None else mtp.pending.clone())

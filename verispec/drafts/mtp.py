@@ -67,9 +67,9 @@ class MTPDrafter:
         self._deferred = [d for d in self._deferred if d[2] < index]
         self._deferred.append((hidden.clone(), token, index))   # a row of a forward's output: keep our own
         if len(self._deferred) >= DEFER_MAX:
-            self.sync()
+            self.flush_deferred()
 
-    def sync(self) -> None:
+    def flush_deferred(self) -> None:
         """Absorb the deferred pairs now (runs of consecutive indices, one call each)."""
         queued, self._deferred = self._deferred, []
         i = 0
@@ -88,7 +88,7 @@ class MTPDrafter:
     def after_prefill(self, out, ids: list[int], start: int) -> None:
         hidden = self.head.pick_hidden(out)
         self._deferred = [d for d in self._deferred if d[2] < start - 1]
-        self.sync()
+        self.flush_deferred()
         if self.pending is not None and start > 0:
             self._absorb(self.pending[None], [ids[0]], start - 1)
         if len(ids) > 1:
@@ -103,7 +103,7 @@ class MTPDrafter:
     def settle(self, keep: int) -> None:
         if keep > 1:
             self._deferred = [d for d in self._deferred if d[2] < self._start]
-            self.sync()
+            self.flush_deferred()
             self._absorb(self._rows[:keep - 1], self._fed[1:keep], self._start)
         self.pending = self._rows[keep - 1]
 
@@ -133,7 +133,7 @@ class MTPDrafter:
                 self._defer(self.pending, tok, index)
             self.last_probs = []
             return []
-        self.sync()                       # the rows below attend over every absorbed pair
+        self.flush_deferred()                       # the rows below attend over every absorbed pair
         ids, weight = self._vocab()
         drafts, probs = [], []
         hidden, t = self.pending, tok
