@@ -472,9 +472,10 @@ class Model:
         kd, vd, hv = a.key_dim, a.value_dim, a.linear_num_value_heads
         ring = state.recurrent.conv[m.index]
         rec = state.recurrent.rec[m.index]
-        if (rp is not BATCH and self.exec.pad_rows == cuda_gemv.ROWS and cuda_deltanet.usable(ring)
-                and cuda_gemv.usable(h, m.w_in) and cuda_gemv.conv_fits(m.w_in, 2 * kd + vd, m.conv.shape[1])):
-            return self._linear_attn_kernels(m, h, state, save_slots, lin, out_lin)
+        if rp is not BATCH and cuda_deltanet.usable(ring):
+            fused = (self.exec.pad_rows == cuda_gemv.ROWS and cuda_gemv.usable(h, m.w_in)
+                     and cuda_gemv.conv_fits(m.w_in, 2 * kd + vd, m.conv.shape[1]))
+            return self._linear_attn_kernels(m, h, state, save_slots, lin, out_lin, fused)
         proj = lin(h, m.w_in)                                   # [rows, q|k|v|z|b|a]
         mixed = proj[:, :2 * kd + vd]
         z = proj[:, 2 * kd + vd:2 * kd + 2 * vd]
@@ -490,21 +491,10 @@ class Model:
                     state.slots[r].rec[m.index].copy_(rec)
         else:
             save_conv = save_rec = None
-        kernels = cuda_deltanet.usable(ring)
-        if kernels:   # one launch per row, the copy slots written by the kernels themselves
+        rec_slots = None
+        if cuda_deltanet.usable(ring):   # (a batched forward here) the kernel writes the copy slots itself
             save_conv = save_rec = None
-            conv_slots = [state.slots[r].conv[m.index] if save_slots and r < rows - 1 else None for r in range(rows)]
             rec_slots = [state.slots[r].rec[m.index] if save_slots and r < rows - 1 else None for r in range(rows)]
-        else:
-            conv_slots = rec_slots = None
-        if rp is not BATCH and kernels:
-            mixed = cuda_deltanet.conv_rows(mixed, ring, m.conv, conv_slots)
-            rtab = cuda_slots.table(state, "rec", m.index, rows, rec) if save_slots and rows > 1 else None
-            o = cuda_deltanet.delta_steps(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec, rtab,
-                                          a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
-                                          out_dtype=h.dtype)
-            o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
-            return (out_lin or lin)(o.reshape(rows, vd), m.out)
         if rp is not BATCH:
             mixed = dn_ops.conv_rows(mixed, ring, m.conv, on_row=save_conv)
         else:
@@ -518,20 +508,27 @@ class Model:
         o = gated_rms_norm(o.to(h.dtype), z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
         return lin(o.reshape(rows, vd), m.out)
 
-    def _linear_attn_kernels(self, m: LinearAttn, h, state: State, save_slots, lin, out_lin):
-        """The DeltaNet mixer on CUDA in four launches: the input product with the causal conv
-        in its epilogue, the recurrence for every row in one launch (state in registers from
-        row to row), the gated norm, the output product. Both kernels that carry state write
-        each kept row's state straight into its copy slot (cuda_slots tables)."""
+    def _linear_attn_kernels(self, m: LinearAttn, h, state: State, save_slots, lin, out_lin, fused: bool):
+        """The DeltaNet mixer of a decode/verify forward on CUDA in four launches (fused: the
+        input product with the causal conv in its epilogue) or five (the product, then the conv
+        kernel a launch per row), then the recurrence for every row in one launch (state in
+        registers from row to row), the gated norm, the output product. The kernels that carry
+        state write each kept row's state straight into its copy slot."""
         a = self.args
         rows = h.shape[0]
         kd, vd, hv = a.key_dim, a.value_dim, a.linear_num_value_heads
         ring, rec = state.recurrent.conv[m.index], state.recurrent.rec[m.index]
         keep = save_slots and rows > 1
-        ctab = cuda_slots.table(state, "conv", m.index, rows, ring) if keep else None
         rtab = cuda_slots.table(state, "rec", m.index, rows, rec) if keep else None
-        proj = cuda_gemv.linear_rows(h, m.w_in, conv=cuda_gemv.ConvEpilogue(ring, m.conv, ctab))
-        o = cuda_deltanet.delta_steps(proj[:, :2 * kd + vd], proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec,
+        if fused:
+            ctab = cuda_slots.table(state, "conv", m.index, rows, ring) if keep else None
+            proj = cuda_gemv.linear_rows(h, m.w_in, conv=cuda_gemv.ConvEpilogue(ring, m.conv, ctab))
+            mixed = proj[:, :2 * kd + vd]
+        else:
+            proj = lin(h, m.w_in)
+            slots = [state.slots[r].conv[m.index] if keep and r < rows - 1 else None for r in range(rows)]
+            mixed = cuda_deltanet.conv_rows(proj[:, :2 * kd + vd], ring, m.conv, slots)
+        o = cuda_deltanet.delta_steps(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec,
                                       rtab, a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
                                       out_dtype=h.dtype)
         z = proj[:, 2 * kd + vd:2 * kd + 2 * vd]
