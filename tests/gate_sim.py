@@ -3,7 +3,13 @@
 Synthetic: a forward of n rows takes cost(n) seconds, a source proposes `max_k` drafts at
 every step, each draft stands with probability accept(step) given the ones before it did,
 and a deeper draft (past the first) takes `draft_seconds` to write. It shares nothing with
-the gate but its public calls (pick, forward, result, draft_cost, stats).
+the gate but its public calls (pick, forward, result, draft_cost, observe, stats).
+
+With `observe`, the loop also does what the decoder does with free observations (docs/gate.md
+"Free observations"): the drafts no verify carried -- a declined proposal from its first, a
+verify's trimmed drafts when every carried one stood -- are compared with the tokens that come
+anyway, position by position until the first miss, each outcome drawn from its own generator
+(so the steps' own draws are those of the same seed without observations).
 """
 
 from __future__ import annotations
@@ -35,10 +41,11 @@ class SimRun:
 
 def simulate(cost: Callable[[int], float], accept: Callable[[int], float], steps: int, *,
              gate=None, fixed: int | None = None, max_k: int = 5, seed: int = 0,
-             source: str = "lookup", draft_seconds: float = 0.0) -> SimRun:
+             source: str = "lookup", draft_seconds: float = 0.0, observe: bool = False) -> SimRun:
     """Run `steps` decode steps with the gate picking the depth, or at a fixed depth."""
     assert (gate is None) != (fixed is None)
     rng = random.Random(seed)
+    seen = random.Random(seed + 1)
     run = SimRun()
     probes = gate.stats()["sources"][source]["probes"] if gate is not None else 0
     for step in range(steps):
@@ -70,6 +77,13 @@ def simulate(cost: Callable[[int], float], accept: Callable[[int], float], steps
             gate.forward(k + 1, seconds)
             if k:
                 gate.result(source, m + 1 if m < k else k, m)
+            pos = k if m == k else max_k         # the first draft no verify judged
+            while observe and pos < max_k:
+                stood = seen.random() < p
+                gate.observe(source, pos, stood)
+                if not stood:
+                    break
+                pos += 1
         run.ks.append(k)
         run.accepted.append(m)
     return run

@@ -44,16 +44,26 @@ def test_costly_rows_decline_and_stay_exact():
     assert arm.stats["declined"] >= 1
 
 
-def test_lookup_is_measured_beside_a_fixed_depth_head():
-    """Regression: a fixed-depth MTP head drafts at every step; lookup's probes must still
-    be carried (and the refresh plain step still taken), or lookup is never measured and
-    never chosen (bench/spec_tables.py found this: 0 lookup verifies beside MTP 1)."""
+@pytest.mark.parametrize("observe", [False, True])
+def test_lookup_is_measured_beside_a_fixed_depth_head(observe):
+    """Regression: a fixed-depth MTP head drafts at every step; lookup must still be measured
+    (and the refresh plain step still taken), or it is never chosen (bench/spec_tables.py found
+    this: 0 lookup verifies beside MTP 1). Under the public rules (no free observations) its
+    probes are carried over the head's drafts; with observations its declined proposals are
+    followed instead, and it is probed only for timing (docs/gate.md "Free observations")."""
     eng = engine("qwen3_next", 4, mtp=True, vocab_size=32, aligned_head=True)
     base = plain_settings(160)
     plain = run(eng, REPEAT_PROMPT, base)
-    s = arm_settings(base, gate=True, lookup=True, mtp="on", mtp_drafts=1, mtp_vocab=0)
+    s = arm_settings(base, gate=True, lookup=True, mtp="on", mtp_drafts=1, mtp_vocab=0,
+                     gate_observe=observe)
     dec = fake_timed(eng, eng.new_decoder(s, REPEAT_PROMPT), row_cost=0.3)
     arm = eng.generate(REPEAT_PROMPT, s, decoder=dec, keep_logits=True)
     assert_same(plain, arm, "mtp 1 + lookup")
-    assert arm.stats["by_source"]["lookup"]["verifies"] >= 1
+    lookup = dec.gate.stats()["sources"]["lookup"]
+    if observe:
+        assert lookup["declined"] >= 10 and lookup["observed"][0] >= lookup["declined"] - 1   # the last one: no pick after it
+        assert lookup["probes"] == 0           # T(2) is measured by the head's verifies
+    else:
+        assert arm.stats["by_source"]["lookup"]["verifies"] >= 1
+        assert lookup["observed"] == [0] * 8
     assert arm.stats["plain_steps"] >= 1          # the refresh step measured T(1)

@@ -74,3 +74,112 @@ def test_rejected_drafts_teach_the_gate_without_verifies():
     assert s["acceptance"][0] < 0.1
     off, _ = _forced_run("reject", observe=False)
     assert off["observed"] == [0] * 8 and off["acceptance"][0] > s["acceptance"][0]
+
+
+# --- the gate's own rules for observed sources ----------------------------------------------
+
+def test_observations_average_with_memory_32_and_verifies_keep_16():
+    g = Gate()
+    for _ in range(40):
+        g.observe("lookup", 0, False)
+    x, w = 0.5, 2                                     # prior 0.5 worth 2 verifies
+    for _ in range(40):
+        w = min(w + 1, 32)
+        x += (0.0 - x) / w
+    assert src_acc(g)[0] == pytest.approx(x)
+    g.result("lookup", 1, 1)                          # a verify moves it by 1/16, not 1/32
+    assert src_acc(g)[0] == pytest.approx(x + (1.0 - x) / 16)
+    g.observe("lookup", 0, True)
+    y = x + (1.0 - x) / 16
+    assert src_acc(g)[0] == pytest.approx(y + (1.0 - y) / 32)
+
+
+def src_acc(g):
+    return g.stats()["sources"]["lookup"]["acceptance"]
+
+
+def _measured_gate(t2: float) -> Gate:
+    g = Gate()
+    for _ in range(3):
+        g.forward(1, 1.0)
+        g.forward(2, t2)
+    g.forward(1, 1.0)
+    return g
+
+
+def test_a_watched_declined_source_probes_for_timing_only():
+    g, ref = _measured_gate(1.3), _measured_gate(1.3)
+    for _ in range(60):                               # a_1 -> about 0.05: declined
+        g.observe("lookup", 0, False)
+        ref.observe("lookup", 0, False)
+    interval = ref.declined_probe_interval("lookup")
+    assert 4 <= interval < 50
+    picks, ref_picks = [], []
+    for _ in range(300):
+        picks.append(g.pick("lookup", 3))
+        g.observe("lookup", 0, False)                 # the plain step's pick judged it: watched
+        ref_picks.append(ref.pick("lookup", 3))       # nothing follows ref's proposals
+    assert sum(ref_picks) >= 300 // interval - 1
+    assert [i for i, k in enumerate(picks) if k] == [255]      # probe_max_interval, for T(2)
+    assert g.stats()["sources"]["lookup"]["probes"] == 1
+
+
+def test_a_watched_source_still_probes_unmeasured_rows():
+    g = Gate()
+    g.forward(1, 1.0)
+    for _ in range(30):
+        g.observe("lookup", 0, False)
+    picks = []
+    for _ in range(8):
+        picks.append(g.pick("lookup", 3))
+        g.observe("lookup", 0, False)
+    assert picks == [0, 0, 0, 1, 0, 0, 0, 1]          # T(2) has no samples: every 4 picks
+
+
+# --- simulation with observations ----------------------------------------------------------
+
+from gate_sim import simulate, table_cost           # noqa: E402
+from test_gate import CURVES                        # noqa: E402
+
+# the mid-size model on this CPU (bench/results/spec_costs_gate_focus.json, fixed arms' ms per forward)
+MID_CPU = table_cost(0.042, {1: 1, 2: 1.35, 3: 1.56, 4: 1.93, 5: 2.16, 6: 2.67,
+                             7: 2.9, 8: 3.1, 9: 3.3})
+
+
+@pytest.mark.parametrize("p", [0.9, 0.6, 0.3, 0.0])
+@pytest.mark.parametrize("curve", list(CURVES) + ["mid cpu"])
+def test_observed_gate_within_5pct_of_best_fixed_depth(curve, p):
+    cost = MID_CPU if curve == "mid cpu" else CURVES[curve]
+    fixed = [simulate(cost, lambda s: p, 3000, fixed=k, seed=11).rate for k in range(6)]
+    run = simulate(cost, lambda s: p, 3000, gate=Gate(), seed=11, observe=True)
+    assert run.rate >= 0.95 * max(fixed), (run.rate / max(fixed), fixed.index(max(fixed)))
+    if p == 0.0:
+        assert run.rate >= 0.99 * fixed[0]           # watched: nothing but timing probes
+
+
+def test_near_break_even_costs_under_2pct_of_plain():
+    """30% acceptance where one draft pays only from 35% (two rows cost 1.35 plain steps): the
+    estimate, fed at every token, must not cross the break-even by chance often. Over 40 runs
+    of 450 steps (about a 512-token reply) the gate averages within 2% of plain decoding and
+    no run loses more than 4%."""
+    ratios = []
+    for seed in range(40):
+        plain = simulate(MID_CPU, lambda s: 0.3, 450, fixed=0, seed=seed)
+        run = simulate(MID_CPU, lambda s: 0.3, 450, gate=Gate(), seed=seed, observe=True)
+        ratios.append(run.rate / plain.rate)
+    assert sum(ratios) / len(ratios) >= 0.98, sum(ratios) / len(ratios)
+    assert min(ratios) >= 0.96, min(ratios)
+
+
+@pytest.mark.parametrize("rho", [0.1, 0.3, 0.5])
+def test_observed_source_drafts_within_50_picks_of_a_jump(rho):
+    """Never accepted for 300 picks, then 90%: with observations the estimate climbs at every
+    pick (memory 32), so the gate drafts on its own within 50 picks for rows up to 1.5 plain
+    steps for two, on every seed."""
+    cost = table_cost(0.01, {n: 1 + (n - 1) * rho for n in range(1, 10)})
+    for seed in range(10):
+        run = simulate(cost, lambda s: 0.0 if s < 300 else 0.9, 400, gate=Gate(), seed=seed,
+                       observe=True)
+        first = next(i - 300 for i in range(300, 400) if run.ks[i] and run.own[i])
+        assert first < 50, first
+        assert sum(1 for k in run.ks[350:] if k) >= 45

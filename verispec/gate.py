@@ -27,6 +27,12 @@ never-accepted source (a_1 -> 0) probes every (rows_cost(2) - 1) / 0.008 picks (
 two rows cost 1.5 plain steps), a nearly paying one every 4, and once a probe stands the
 source probes every 4 picks until a_1 has climbed enough to draft on its own. While two
 rows are barely measured, a declined source still probes every 4 picks (public rule).
+A declined source whose proposals the decoder follows (free observations, below) needs no
+probe to learn its acceptance: it probes only every 256 picks, to keep T(2) fresh.
+
+Free observations (our choice; docs/gate.md): drafts no verify carried are compared with the
+tokens picked anyway and move a_j like a verify, with memory 32 instead of 16, so an
+estimate fed at every token does not cross a near break-even by chance every few picks.
 
 Across runs (our choice; docs/gate.md "Across runs"). What the gate measures of the machine
 and model -- T(n), rho, each source's per-draft cost and the multi-row forwards since the last
@@ -67,10 +73,13 @@ class GateConfig:
     probe_max_interval: int = 256        # a declined source probes at least this often
     probe_memory: int = 4                # recent probes' acceptance, for pricing the next probe
     observe: bool = True                 # feed free observations (observe()) into the estimates
+    observe_memory: int = 32             # memory of the acceptance updates observations make
 
     def __post_init__(self):
         if self.max_drafts < 1 or self.probe_every < 1 or self.probe_every_new < 1:
             raise ValueError("max_drafts and probe intervals must be >= 1")
+        if min(self.acceptance_memory, self.observe_memory, self.timing_memory, self.p_memory) < 1:
+            raise ValueError("memories must be >= 1")
         if not self.probe_budget > 0:
             raise ValueError(f"probe_budget must be > 0, got {self.probe_budget}")
         for name, prior in self.priors:
@@ -80,7 +89,9 @@ class GateConfig:
 
 class _Avg:
     """The one running-average rule: the first `mem` samples average exactly, then an EMA
-    with alpha 1/mem. With weight 0 the first sample sets the value."""
+    with alpha 1/mem. With weight 0 the first sample sets the value. Where two memories feed
+    one average (acceptance: verifies 16, observations 32), a step is never smaller than
+    1/mem of the update making it."""
 
     __slots__ = ("x", "w", "samples")
 
@@ -90,7 +101,7 @@ class _Avg:
     def update(self, v: float, mem: int) -> None:
         if self.w < mem:
             self.w += 1
-        self.x += (v - self.x) / self.w
+        self.x += (v - self.x) / min(self.w, mem)
         self.samples += 1
 
 
@@ -112,6 +123,7 @@ class _Source:
     last_probe: bool = False             # the last pick was a probe (any depth)
     probe_stood: bool = False            # ... and that probe's draft stood
     probe_acc: _Avg = field(default_factory=_Avg)   # recent probes' first drafts, memory 4
+    watched: bool = False                # its first draft was observed since its last pick
 
 
 def _expected(a: Sequence[float]) -> float:
@@ -238,15 +250,18 @@ class Gate:
         at 0-based `position` that no verify carried -- trimmed by pick, declined, or outbid --
         but whose every earlier draft stood, was compared with the token actually picked there.
         That is the event a_{position+1} estimates (draft j stands given drafts 1..j-1 stood), seen
-        without a forward, so it moves a_j by the same rule as a verify; verify counts, p-bins
-        and the probe state are untouched."""
+        without a forward, so it moves a_j by the same rule as a verify but with memory
+        `observe_memory` (32; a verify still moves it by at least 1/16); verify counts, p-bins
+        and the probe clock are untouched. An observed first draft marks the source as watched
+        until its next pick (then, declined, it probes for timing only)."""
         src = self._source(source)
         c = self.config
         if not c.observe or not 0 <= position < c.max_drafts:
             return
         src.observed[position] += 1
         src.observed_hit[position] += stood
-        src.acc[position].update(float(stood), c.acceptance_memory)
+        src.acc[position].update(float(stood), c.observe_memory)
+        src.watched |= position == 0
 
     # --- prices -----------------------------------------------------------------------
 
@@ -307,12 +322,18 @@ class Gate:
         if best:
             src.probe_stood = False         # drafting on its own again
         interval = self._probe_interval(src, best, max_k)
+        src.watched = False
         src.probe_pending = False
         src.last_probe = False
         src.since_probe += 1
         if src.since_probe >= interval:
             src.since_probe = 0
-            if best < max_k:
+            below = self._unmeasured_below(best)
+            if below:
+                src.last_probe = True
+                best = below
+                src.probes += 1
+            elif best < max_k:
                 src.probe_pending = best == 0
                 src.last_probe = True
                 best += 1
@@ -321,12 +342,26 @@ class Gate:
             src.declined += 1
         return best
 
+    def _unmeasured_below(self, best: int) -> int:
+        """The deepest k < best whose row count T(k + 1) is barely measured (0: none). A gate
+        that went deeper in one step -- observations can make deep drafts look good at once --
+        priced those depths by rho, a straight line through the row counts measured, which a
+        cost curve with a cliff makes wrong; probes one deeper never come back to measure them."""
+        for k in range(best - 1, 0, -1):
+            if self._t[k + 1].samples < self.config.new_samples:
+                return k
+        return 0
+
     def _probe_interval(self, src: _Source, best: int, max_k: int) -> int:
         c = self.config
         if best < max_k and self._t[best + 2].samples < c.new_samples:
             return c.probe_every_new
+        if self._unmeasured_below(best):
+            return c.probe_every_new
         if best > 0:
             return c.probe_every
+        if src.watched:                  # observations feed a_1 at every pick: probe for timing only
+            return c.probe_max_interval
         return self.declined_probe_interval(src)
 
     def declined_probe_interval(self, source: str | _Source) -> int:
