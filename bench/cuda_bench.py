@@ -9,6 +9,8 @@ arms interleaved within a round):
   overhead   one exact (padded) decode row against the same row through plain cuBLAS/SDPA
   pdl        the same graphed forwards (1 and 4 rows) captured with programmatic dependent
              launch on and off (verispec/ops/cuda_launch.py), interleaved
+  prefetch   the same, with the products' first weight lines asked of L2 before the wait
+             (verispec/ops/cuda_prefetch.py): 0, 256, 512, 1024, 2048 elements per row
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -232,34 +234,37 @@ def overhead(eng: Engine, ck, rounds: int) -> None:
     del plain_eng
 
 
-def pdl(eng: Engine, rounds: int) -> None:
-    """Graphed forwards of 1 and 4 rows (4 with copy slots, as a verify), captured once with
-    PDL off and once on: two graph runners over the same weights, each with its own state,
-    replayed in turn (off, on, off, on, ...)."""
+def graph_arms(eng: Engine, rounds: int, key: str, arms: dict) -> None:
+    """Graphed forwards of 1 and 4 rows (4 with copy slots, as a verify) captured once per arm:
+    arms maps a name to a function that sets the kernels' launch options before a capture.
+    One graph runner per arm over the same weights, each with its own state, replayed in turn
+    (A, B, ..., A, B, ...); the first arm is the reference every other's logits must equal."""
     from verispec.cuda_graphs import GraphedForward
-    from verispec.ops import cuda_launch
 
     m = eng.model
     if m.graphs is None:
-        log("[pdl] skipped: no CUDA graphs")
+        log(f"[{key}] skipped: no CUDA graphs")
         return
-    kept_runner, kept_flag = m.graphs, cuda_launch.enabled
-    runners = {"pdl_off": GraphedForward(m, m.graphs.max_rows), "pdl_on": GraphedForward(m, m.graphs.max_rows)}
-    flag = {"pdl_off": False, "pdl_on": True}
+    kept_runner = m.graphs
+    restore = _launch_options()
+    names = list(arms)
+    runners = {k: GraphedForward(m, m.graphs.max_rows) for k in names}
     states = {}
     try:
-        for k in runners:
-            m.graphs, cuda_launch.enabled = runners[k], flag[k]
+        for k in names:
+            m.graphs = runners[k]
+            arms[k]()
             states[k] = m.new_state(len(PROMPT) + 6 * (rounds + 3) + 16)
             m.forward(PROMPT, states[k])
             states[k].ensure_slots(4)
         out = {}
         for rows in (1, 4):
-            times = {k: [] for k in runners}
+            times = {k: [] for k in names}
             got, same = {}, []
             for r in range(-2, rounds):
-                for k in runners:
-                    m.graphs, cuda_launch.enabled = runners[k], flag[k]   # the flag matters at capture only
+                for k in names:
+                    m.graphs = runners[k]
+                    arms[k]()                    # the options matter at capture only
                     st = states[k]
                     start = st.kv_len
                     ids = [(42 + 7 * r + j) % 4000 + 5 for j in range(rows)]
@@ -267,16 +272,49 @@ def pdl(eng: Engine, rounds: int) -> None:
                     st.commit(start, rows, 1)
                     if r >= 0:
                         times[k].append(t)
-                same.append(torch.equal(got["pdl_off"], got["pdl_on"]))   # the bits must not move
-            a, b = statistics.median(times["pdl_off"]), statistics.median(times["pdl_on"])
-            out[rows] = {"off_ms": a * 1e3, "on_ms": b * 1e3, "on_over_off": b / a, "times": times,
-                         "logits_equal": all(same)}
-            log(f"[pdl] rows {rows}: off {a * 1e3:.3f} ms [{min(times['pdl_off']) * 1e3:.3f}-"
-                f"{max(times['pdl_off']) * 1e3:.3f}], on {b * 1e3:.3f} ms [{min(times['pdl_on']) * 1e3:.3f}-"
-                f"{max(times['pdl_on']) * 1e3:.3f}]: on/off {b / a:.3f}; logits equal in every round: {all(same)}")
-        RESULTS["pdl"] = out
+                same.append(all(torch.equal(got[names[0]], got[k]) for k in names[1:]))   # the bits must not move
+            med = {k: statistics.median(v) for k, v in times.items()}
+            out[rows] = {"ms": {k: v * 1e3 for k, v in med.items()},
+                         "over_first": {k: v / med[names[0]] for k, v in med.items()},
+                         "times": times, "logits_equal": all(same)}
+            log(f"[{key}] rows {rows}: " + "; ".join(
+                f"{k} {med[k] * 1e3:.3f} ms [{min(times[k]) * 1e3:.3f}-{max(times[k]) * 1e3:.3f}] "
+                f"({med[k] / med[names[0]]:.3f})" for k in names) + f"; logits equal in every round: {all(same)}")
+        RESULTS[key] = out
     finally:
-        m.graphs, cuda_launch.enabled = kept_runner, kept_flag
+        m.graphs = kept_runner
+        restore()
+
+
+def _launch_options():
+    """A function that puts the kernels' launch options back as they are now."""
+    from verispec.ops import cuda_launch, cuda_prefetch
+
+    pdl_on, pre = cuda_launch.enabled, cuda_prefetch.prefetch_k
+
+    def restore():
+        cuda_launch.enabled, cuda_prefetch.prefetch_k = pdl_on, pre
+    return restore
+
+
+def pdl(eng: Engine, rounds: int) -> None:
+    """PDL off against on (verispec/ops/cuda_launch.py)."""
+    from verispec.ops import cuda_launch
+
+    graph_arms(eng, rounds, "pdl", {"pdl_off": lambda: setattr(cuda_launch, "enabled", False),
+                                    "pdl_on": lambda: setattr(cuda_launch, "enabled", True)})
+
+
+def prefetch(eng: Engine, rounds: int) -> None:
+    """Products' weights asked of L2 before the wait: 0 (off), 256, 512, 1024 elements of K
+    per weight row (verispec/ops/cuda_prefetch.py), PDL on."""
+    from verispec.ops import cuda_launch, cuda_prefetch
+
+    def setter(k):
+        def put():
+            cuda_launch.enabled, cuda_prefetch.prefetch_k = True, k
+        return put
+    graph_arms(eng, rounds, "prefetch", {f"pre{k}": setter(k) for k in (0, 256, 512, 1024, 2048)})
 
 
 def spec(eng: Engine, n: int, rounds: int, key: str) -> None:
@@ -341,6 +379,7 @@ def main() -> int:
              ("verify", lambda: verify(eng, a.rounds + 2, bw)),
              ("overhead", lambda: overhead(eng, ck, 4 * a.rounds + 4)),
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
+             ("prefetch", lambda: prefetch(eng, 4 * a.rounds + 4)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:
         if name in sections:
