@@ -9,8 +9,6 @@ arms interleaved within a round):
   overhead   one exact (padded) decode row against the same row through plain cuBLAS/SDPA
   pdl        the same graphed forwards (1 and 4 rows) captured with programmatic dependent
              launch on and off (verispec/ops/cuda_launch.py), interleaved
-  prefetch   the same, with the products' first weight lines asked of L2 before the wait
-             (verispec/ops/cuda_prefetch.py): 0, 256, 512, 1024, 2048 elements per row
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -288,12 +286,12 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict) -> None:
 
 def _launch_options():
     """A function that puts the kernels' launch options back as they are now."""
-    from verispec.ops import cuda_launch, cuda_prefetch
+    from verispec.ops import cuda_launch
 
-    pdl_on, pre = cuda_launch.enabled, cuda_prefetch.prefetch_k
+    pdl_on = cuda_launch.enabled
 
     def restore():
-        cuda_launch.enabled, cuda_prefetch.prefetch_k = pdl_on, pre
+        cuda_launch.enabled = pdl_on
     return restore
 
 
@@ -303,18 +301,6 @@ def pdl(eng: Engine, rounds: int) -> None:
 
     graph_arms(eng, rounds, "pdl", {"pdl_off": lambda: setattr(cuda_launch, "enabled", False),
                                     "pdl_on": lambda: setattr(cuda_launch, "enabled", True)})
-
-
-def prefetch(eng: Engine, rounds: int) -> None:
-    """Products' weights asked of L2 before the wait: 0 (off), 256, 512, 1024 elements of K
-    per weight row (verispec/ops/cuda_prefetch.py), PDL on."""
-    from verispec.ops import cuda_launch, cuda_prefetch
-
-    def setter(k):
-        def put():
-            cuda_launch.enabled, cuda_prefetch.prefetch_k = True, k
-        return put
-    graph_arms(eng, rounds, "prefetch", {f"pre{k}": setter(k) for k in (0, 256, 512, 1024, 2048)})
 
 
 def spec(eng: Engine, n: int, rounds: int, key: str) -> None:
@@ -379,7 +365,6 @@ def main() -> int:
              ("verify", lambda: verify(eng, a.rounds + 2, bw)),
              ("overhead", lambda: overhead(eng, ck, 4 * a.rounds + 4)),
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
-             ("prefetch", lambda: prefetch(eng, 4 * a.rounds + 4)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:
         if name in sections:

@@ -20,14 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from . import cuda_launch, cuda_prefetch
+from . import cuda_launch
 
 try:
     import triton
     import triton.language as tl
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-    from .cuda_prefetch import prefetch_l2
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -47,23 +45,16 @@ if triton is not None:
     @triton.jit(do_not_specialize=["R"])
     def _gemv_rows(x_ptr, w_ptr, out_ptr, R, N, x_stride, ring_ptr, cw_ptr, tab_ptr, C, K: tl.constexpr,
                    ROWS_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                   CONV: tl.constexpr, KC: tl.constexpr, SAVE: tl.constexpr, PRE: tl.constexpr,
-                   PDL: tl.constexpr):
+                   CONV: tl.constexpr, KC: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr):
         """Program (nb, s): output columns block nb over the s-th of SPLIT chunks of K. SPLIT 1:
         out is y [R, N]; else out is the fp32 partials [SPLIT, ROWS_P, N] for _split_sum.
         CONV (SPLIT 1): columns below C are the DeltaNet's conv channels; their rows go through
-        the causal conv, row after row, in this program (see _conv_epilogue). PRE > 0: the
-        first PRE 128-byte lines of the program's weight rows are asked of L2 before the wait
-        (cuda_prefetch.py); the weights are never written, so they may be read early."""
-        nb = tl.program_id(0)
-        sp = tl.program_id(1)
-        if PRE > 0:
-            pre_n = tl.minimum(nb * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)    # stay inside w
-            pre_k = sp * (K // SPLIT) + tl.arange(0, PRE) * 64      # 64 bf16 weights per line (usable())
-            prefetch_l2(w_ptr + pre_n[:, None].to(tl.int64) * K + pre_k[None, :])
+        the causal conv, row after row, in this program (see _conv_epilogue)."""
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
+        nb = tl.program_id(0)
+        sp = tl.program_id(1)
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_r = tl.arange(0, ROWS_P)
         n_ok = offs_n < N
@@ -206,7 +197,6 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, p
         cargs, save = (conv.ring, conv.weight, tab, conv.ring.shape[0]), conv.slots is not None
     _gemv_rows[(triton.cdiv(n, bn), split)](x, w, out, rows, n, x.stride(0), *cargs, K=k, ROWS_P=ROWS, BLOCK_N=bn,
                                             BLOCK_K=bk, SPLIT=split, CONV=conv is not None, KC=4, SAVE=save,
-                                            PRE=cuda_prefetch.lines(k // split, w.element_size()),
                                             num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
     if partials:
         return out
