@@ -559,3 +559,30 @@ def test_recovery_on_costlier_rows(rho):
     assert sum(f < 2 * interval for f in founds) >= 0.95 * len(founds)
     if interval <= 25:                           # two probes fit in 50 picks
         assert sum(f < 50 for f in founds) >= 0.95 * len(founds)
+
+
+def test_probes_come_back_to_shallower_unmeasured_depths():
+    """Our choice 13 (docs/gate.md): a gate that went deeper in one step priced the row counts
+    in between by rho, a straight line through the ones measured. On a cliff (4 rows as cheap
+    as 2, 5 and 6 costly) the line says 4 rows are costly too. Probe slots come back to the
+    deepest barely measured depth below the current one, every 4 picks, until each has 3
+    samples; then the gate settles on the cliff's edge (3 drafts) on its own."""
+    cliff = {1: 1.0, 2: 1.02, 3: 1.04, 4: 1.06, 5: 1.6, 6: 1.65}
+    g = Gate()
+    timed(g, {2: cliff[2], 6: cliff[6]})            # T(3), T(4), T(5) never measured
+    for _ in range(40):                            # every draft stands (free observations)
+        for pos in range(5):
+            g.observe("lookup", pos, True)
+    picks = []
+    for _ in range(60):
+        k = g.pick("lookup", 5)
+        picks.append(k)
+        g.forward(k + 1, 10 * MS * cliff[k + 1])
+        g.result("lookup", k, k)
+    # deepest first: 4 drafts (5 rows) every 4 picks until T(5) has 3 samples; then 3 drafts
+    # (4 rows): one sample of T(4) is enough for 3 drafts to win on their own; then 2 drafts
+    # (3 rows) every 4 picks until T(3) has 3 samples; then the public probe, one deeper every 16
+    assert picks[:32] == [5, 5, 5, 4] * 3 + [5, 5, 5, 3] + [3, 3, 3, 2] * 3 + [3] * 4, picks
+    assert picks[32:] == [3] * 11 + [4] + [3] * 15 + [4], picks
+    assert src(g, "lookup")["probes"] == 3 + 1 + 3 + 2
+    assert g.rows_cost(4) == pytest.approx(1.06) and g.rows_cost(3) == pytest.approx(1.04)
