@@ -586,3 +586,32 @@ def test_probes_come_back_to_shallower_unmeasured_depths():
     assert picks[32:] == [3] * 11 + [4] + [3] * 15 + [4], picks
     assert src(g, "lookup")["probes"] == 3 + 1 + 3 + 2
     assert g.rows_cost(4) == pytest.approx(1.06) and g.rows_cost(3) == pytest.approx(1.04)
+
+
+def test_at_the_deepest_depth_the_probe_slot_refreshes_the_next_shallower():
+    """Our choice 14 (docs/gate.md): at best == max_k the public rule has no probe to make, so
+    the row count one below is never timed again. One slow sample of it moves the gate to the
+    deepest depth, where nothing would correct it; now every 16th pick there carries one draft
+    fewer, and once that row count's estimate has come back down (memory 8: slowly, when the
+    two depths are this close) the gate returns to the depth that pays more."""
+    units = {1: 1.0, 2: 1.3, 3: 1.5, 4: 1.7, 5: 1.9, 6: 2.2}
+    g = Gate()
+    timed(g, units, samples=8)
+    for pos in range(5):                                    # a_j = 0.9 (observations, weight 32)
+        for i in range(40):
+            g.observe("lookup", pos, i % 10 != 0)
+    assert g.pick("lookup", 5) == 4                          # 4 drafts (5 rows): 2.155 against 2.13
+    g.forward(5, 10 * MS * units[5] * 3)                     # one very slow 5-row forward
+    assert g.pick("lookup", 5) == 5
+    picks = []
+    for _ in range(600):
+        k = g.pick("lookup", 5)
+        picks.append(k)
+        g.forward(k + 1, 10 * MS * units[k + 1])
+    back = next(i for i in range(len(picks)) if picks[i:i + 20].count(4) >= 15)
+    counted = [k for k in picks[:back] if k]                 # a refresh plain step does not count
+    slots = [i for i, k in enumerate(counted) if k == 4]     # at 5: every 16th pick refreshes 5 rows
+    assert len(slots) >= 5 and all(b - a == 16 for a, b in zip(slots, slots[1:])), slots
+    assert set(picks[:back]) <= {0, 4, 5} and back < 450, back
+    assert picks[-40:].count(4) >= 36, picks[-40:]          # back at 4, probing 5 every 16
+    assert g.value("lookup", 4) > g.value("lookup", 5)
