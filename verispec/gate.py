@@ -28,7 +28,10 @@ two rows cost 1.5 plain steps), a nearly paying one every 4, and once a probe st
 source probes every 4 picks until a_1 has climbed enough to draft on its own. While two
 rows are barely measured, a declined source still probes every 4 picks (public rule).
 A declined source whose proposals the decoder follows (free observations, below) needs no
-probe to learn its acceptance: it probes only every 256 picks, to keep T(2) fresh.
+probe to learn its acceptance: it probes only every 256 picks, to keep T(2) fresh. Probes also
+go shallower (ours): first to any depth below the current one whose row count is barely
+measured, and, at the deepest depth proposed, one below it instead of no probe at all, so
+no row count the gate may return to keeps a stale time.
 
 Free observations (our choice; docs/gate.md): drafts no verify carried are compared with the
 tokens picked anyway and move a_j like a verify, with memory 32 instead of 16, so an
