@@ -67,6 +67,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode import MODELS, machine  # noqa: E402  (bench/decode.py: the same models and machine line)
+from lockstep import lockstep  # noqa: E402
 
 from verispec.config import DraftSettings, RunSettings  # noqa: E402
 from verispec.drafts.vocab import VocabList  # noqa: E402
@@ -185,6 +186,44 @@ def run_arm(eng: Engine, prompt: list[int], tokens: int, drafts: DraftSettings, 
         out["gate"] = {"T_ratio": {n: t / g["T"][1] for n, t in g["T"].items()} if 1 in g["T"] else {},
                        "sources": {k: {f: v[f] for f in ("verifies", "probes", "declined", "trimmed", "draft_cost")}
                                    for k, v in g["sources"].items() if v["verifies"] or v["declined"]}}
+    return out
+
+
+def lockstep_round(eng: Engine, prompt: list[int], tokens: int, arms: dict, seed: int, chunk: int) -> dict:
+    """Every arm of one round generated at once, `chunk` tokens of each in turn (bench/lockstep.py);
+    arms: name -> (drafts, cold). -> name -> the same dict as run_arm gives, its decode time the
+    arm's own turns (from its first token)."""
+    decoders = {}
+    for name, (drafts, cold) in sorted(arms.items(), key=lambda kv: not kv[1][1]):   # cold ones first
+        settings = RunSettings(max_tokens=tokens, drafts=drafts, sampling=SamplingParams(seed=seed))
+        kept = eng.last_gate
+        if cold:
+            eng.last_gate = None
+        decoders[name] = (settings, eng.new_decoder(settings, list(prompt)))
+        if cold:
+            eng.last_gate = kept       # the chain continues from the `gate` arm's, not the cold one's
+
+    def runner(name):
+        settings, dec = decoders[name]
+        return lambda on_token: eng.generate(list(prompt), settings, decoder=dec, on_token=on_token, eos_ids=set())
+    got = lockstep({n: runner(n) for n in arms}, chunk)
+    out = {}
+    for name, (res, active) in got.items():
+        s = res.stats
+        r = {"ids": res.ids, "tokens": s["tokens"], "forwards": s["forwards"], "verifies": s["verifies"],
+             "drafts": s["drafts"], "accepted": s["accepted"], "declined": s["declined"],
+             "plain_steps": s["plain_steps"], "proposed_by_position": s["proposed_by_position"][:6],
+             "decode_wall_s": active, "decode_forward_s": s["decode_seconds"], "prefill_s": s["prefill_seconds"],
+             "wall_s": active + s["prefill_seconds"], "tok_s": s["tokens"] / active,
+             "tok_s_forward_only": s["decode_tok_s"],
+             "outside_forward_ms_per_token": (active - s["decode_seconds"]) / s["tokens"] * 1e3,
+             "load1": os.getloadavg()[0], "lockstep_chunk": chunk}
+        if "gate" in s:
+            g = s["gate"]
+            r["gate"] = {"T_ratio": {n: t / g["T"][1] for n, t in g["T"].items()} if 1 in g["T"] else {},
+                         "sources": {k: {f: v[f] for f in ("verifies", "probes", "declined", "trimmed", "draft_cost")}
+                                     for k, v in g["sources"].items() if v["verifies"] or v["declined"]}}
+        out[name] = r
     return out
 
 
@@ -405,8 +444,9 @@ def micro(arms: dict, rounds: int, reps: int, label: str) -> dict:
 # ----- section 5: the gate --------------------------------------------------------------------
 
 def section5(eng: Engine, rounds: int, tokens: int, ps: tuple[float, ...], fixed: dict | None = None,
-             noobs: bool = True) -> dict:
-    """fixed: P -> the fixed depths to run at that P (default 1..5); noobs: the gate_noobs arm."""
+             noobs: bool = True, chunk: int = 0) -> dict:
+    """fixed: P -> the fixed depths to run at that P (default 1..5); noobs: the gate_noobs arm;
+    chunk > 0: each round's arms decoded in lockstep, chunk tokens per turn (lockstep_round)."""
     prompt = prompt_for(eng.args.vocab_size)
     plain = DraftSettings(lookup=False, mtp="off")
     ref = run_arm(eng, prompt, tokens, plain)["ids"]
@@ -426,8 +466,16 @@ def section5(eng: Engine, rounds: int, tokens: int, ps: tuple[float, ...], fixed
             arms["gate_noobs"] = (dataclasses.replace(gated, gate_observe=False), True)
         # the forced coins come from the run's sampling seed: a new seed each round (every arm of
         # a round the same), so no arm keeps one lucky or unlucky coin sequence across rounds
-        raw = interleaved(arms, rounds, lambda d, r: run_arm(eng, prompt, tokens, *d, seed=SEED0 + r),
-                          f"section 5 {force} {tokens} tok", with_round=True)
+        if chunk:
+            raw = {a: [] for a in arms}
+            for r in range(rounds):
+                for a, res in lockstep_round(eng, prompt, tokens, arms, SEED0 + r, chunk).items():
+                    raw[a].append(res)
+                log(f"section 5 {force} {tokens} tok (lockstep {chunk}) round {r + 1}/{rounds} done, "
+                    f"load {os.getloadavg()[0]:.2f}")
+        else:
+            raw = interleaved(arms, rounds, lambda d, r: run_arm(eng, prompt, tokens, *d, seed=SEED0 + r),
+                              f"section 5 {force} {tokens} tok", with_round=True)
         out["by_p"][str(p)] = summarize_arms(raw, ref)
     return out
 
@@ -654,6 +702,9 @@ def main() -> int:
     ap.add_argument("--fixed", default="", help="with --ps: the fixed depths to run at each P, e.g. '4,2,1,1' "
                     "(one per P; '' = every depth 1..5)")
     ap.add_argument("--no-noobs", action="store_true", help="skip section 5's gate_noobs arm")
+    ap.add_argument("--lockstep", type=int, default=0, metavar="CHUNK",
+                    help="section 5's bernoulli arms of a round decoded at once, CHUNK tokens of each in turn "
+                         "(bench/lockstep.py; 0: one whole run after another)")
     ap.add_argument("--no-vocab", action="store_true", help="skip the 151936-vocabulary model (section 4)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, few tokens, output to /tmp")
     ap.add_argument("--threads", type=int, default=2)
@@ -720,7 +771,7 @@ def main() -> int:
             for n in (gate_tokens if ps else ()):     # --ps '': only the real MTP head's arms
                 with q.section(f"5 gate vs fixed depths (bernoulli), {n} tokens"):
                     fixed = ({p: (int(k),) for p, k in zip(ps, a.fixed.split(","))} if a.fixed else None)
-                    run = section5(eng, a.rounds, n, ps, fixed, noobs=not a.no_noobs)
+                    run = section5(eng, a.rounds, n, ps, fixed, noobs=not a.no_noobs, chunk=a.lockstep)
                 stamp = time.strftime("%Y-%m-%d %H:%M")
                 run["meta"] = {}
                 for p, arms in run["by_p"].items():
