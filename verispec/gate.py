@@ -341,18 +341,16 @@ class Gate:
                 src.last_probe = True
                 best += 1
                 src.probes += 1
-            elif best >= 2:                 # at the deepest proposed depth: refresh the next shallower
+            elif best >= 2:
+                # at the deepest proposed depth the public rule has no probe to make, and the row
+                # count one below would never be timed again: one slow sample of it would keep
+                # the gate here for good (docs/gate.md, our choice 14)
                 src.last_probe = True
                 best -= 1
                 src.probes += 1
         if best == 0:
             src.declined += 1
         return best
-
-    # Why the slot at the deepest depth goes shallower (docs/gate.md, our choice 14): there the
-    # public rule has no probe to make, so the row count one below is never timed again, and one
-    # slow sample of it (another process, a page fault) leaves the gate at the deepest depth for
-    # good; issue 5's run 5 saw a chained gate spend rounds 3-7 at 5 drafts where 4 paid more.
 
     def _unmeasured_below(self, best: int) -> int:
         """The deepest k < best whose row count T(k + 1) is barely measured (0: none). A gate
