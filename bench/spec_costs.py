@@ -170,8 +170,12 @@ def run_arm(eng: Engine, prompt: list[int], tokens: int, drafts: DraftSettings, 
     finally:
         if cold:
             eng.last_gate = kept
+    return arm_result(res, wall - res.stats["prefill_seconds"], wall)
+
+
+def arm_result(res, decode_wall: float, wall: float) -> dict:
+    """One generate's sample: its counts and speeds, decode_wall the seconds its decode took."""
     s = res.stats
-    decode_wall = wall - s["prefill_seconds"]
     out = {"ids": res.ids, "tokens": s["tokens"], "forwards": s["forwards"], "verifies": s["verifies"],
            "drafts": s["drafts"], "accepted": s["accepted"], "declined": s["declined"],
            "plain_steps": s["plain_steps"], "proposed_by_position": s["proposed_by_position"][:6],
@@ -207,24 +211,9 @@ def lockstep_round(eng: Engine, prompt: list[int], tokens: int, arms: dict, seed
         settings, dec = decoders[name]
         return lambda on_token: eng.generate(list(prompt), settings, decoder=dec, on_token=on_token, eos_ids=set())
     got = lockstep({n: runner(n) for n in arms}, chunk)
-    out = {}
-    for name, (res, active) in got.items():
-        s = res.stats
-        r = {"ids": res.ids, "tokens": s["tokens"], "forwards": s["forwards"], "verifies": s["verifies"],
-             "drafts": s["drafts"], "accepted": s["accepted"], "declined": s["declined"],
-             "plain_steps": s["plain_steps"], "proposed_by_position": s["proposed_by_position"][:6],
-             "decode_wall_s": active, "decode_forward_s": s["decode_seconds"], "prefill_s": s["prefill_seconds"],
-             "wall_s": active + s["prefill_seconds"], "tok_s": s["tokens"] / active,
-             "tok_s_forward_only": s["decode_tok_s"],
-             "outside_forward_ms_per_token": (active - s["decode_seconds"]) / s["tokens"] * 1e3,
-             "load1": os.getloadavg()[0], "lockstep_chunk": chunk}
-        if "gate" in s:
-            g = s["gate"]
-            r["gate"] = {"T_ratio": {n: t / g["T"][1] for n, t in g["T"].items()} if 1 in g["T"] else {},
-                         "sources": {k: {f: v[f] for f in ("verifies", "probes", "declined", "trimmed", "draft_cost")}
-                                     for k, v in g["sources"].items() if v["verifies"] or v["declined"]}}
-        out[name] = r
-    return out
+    # decode time: the arm's own turns from its first token (prefill excluded)
+    return {name: dict(arm_result(res, active, active + res.stats["prefill_seconds"]), lockstep_chunk=chunk)
+            for name, (res, active) in got.items()}
 
 
 def interleaved(arms: dict, rounds: int, fn, label: str, with_round: bool = False) -> dict[str, list]:

@@ -3,8 +3,10 @@ have stood, feed the gate's acceptance estimates (docs/gate.md "Free observation
 
 import pytest
 
+from gate_sim import simulate, table_cost
 from harness import arm_settings, assert_same, fake_timed, plain_settings, run
 from model_fixtures import REPEAT_PROMPT, engine
+from test_gate import CURVES
 from verispec.gate import Gate, GateConfig
 
 
@@ -78,6 +80,10 @@ def test_rejected_drafts_teach_the_gate_without_verifies():
 
 # --- the gate's own rules for observed sources ----------------------------------------------
 
+def src_acc(g):
+    return g.stats()["sources"]["lookup"]["acceptance"]
+
+
 def test_observations_average_with_memory_32_and_verifies_keep_16():
     g = Gate()
     for _ in range(40):
@@ -92,10 +98,6 @@ def test_observations_average_with_memory_32_and_verifies_keep_16():
     g.observe("lookup", 0, True)
     y = x + (1.0 - x) / 16
     assert src_acc(g)[0] == pytest.approx(y + (1.0 - y) / 32)
-
-
-def src_acc(g):
-    return g.stats()["sources"]["lookup"]["acceptance"]
 
 
 def _measured_gate(t2: float) -> Gate:
@@ -138,8 +140,6 @@ def test_a_watched_source_still_probes_unmeasured_rows():
 
 # --- simulation with observations ----------------------------------------------------------
 
-from gate_sim import simulate, table_cost           # noqa: E402
-from test_gate import CURVES                        # noqa: E402
 
 # the mid-size model on this CPU (bench/results/spec_costs_gate_focus.json, fixed arms' ms per forward)
 MID_CPU = table_cost(0.042, {1: 1, 2: 1.35, 3: 1.56, 4: 1.93, 5: 2.16, 6: 2.67,
