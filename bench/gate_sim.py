@@ -9,6 +9,9 @@ observations' memory (GateConfig.observe_memory), for memories 16, 32 and 64:
                    rate over plain decoding in 40 runs of 450 steps (about a 512-token reply)
   after a jump     never accepted for 300 picks, then 90%: picks until the gate drafts on its
                    own (not a probe), 30 seeds, for two rows at 1.38, 1.5 and 1.8 plain steps
+Then the study that chose the speed's memory (GateConfig.speed_memory, docs/gate.md choice 15):
+on a drifting machine (tests/gate_sim.py drifting_speed) and a steady one, 80 runs of 600
+picks on the mid-size curve per P, the gate's rate over the same run's best fixed depth.
 
     python bench/gate_sim.py [--steps 3000] [--seed 11]
 """
@@ -23,7 +26,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from gate_sim import simulate                      # noqa: E402
+from gate_sim import drifting_speed, simulate      # noqa: E402
 from test_gate import CURVES                       # noqa: E402
 from test_gate_observe import MID_CPU              # noqa: E402
 from gate_sim import table_cost                    # noqa: E402
@@ -67,8 +70,10 @@ def main() -> None:
                 print(f"| {name} | {source} | {'on' if observe else 'off'} | " + " | ".join(cells)
                       + f" | {zero.probe_excess:.2%} ({share:.1%} in verifies) |")
     memory = memory_study()
+    speed = speed_study()
     pathlib.Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "steps": args.steps,
-                                                  "seed": args.seed, "rows": rows, "memory": memory}, indent=1))
+                                                  "seed": args.seed, "rows": rows, "memory": memory,
+                                                  "speed": speed}, indent=1))
 
 
 def memory_study() -> dict:
@@ -98,6 +103,32 @@ def memory_study() -> dict:
         cells = " / ".join(f"{p[len(p) // 2]} [{p[-1]}{'+' if p[-1] >= 200 else ''}]" for p in jumps.values())
         print(f"| {mem}{' (default)' if mem == GateConfig().observe_memory else ''} | {mean:.3f} / "
               f"{min(ratios):.3f} | {cells} |")
+    return out
+
+
+def speed_study(runs: int = 80, steps: int = 600) -> dict:
+    out = {}
+    ps = (0.9, 0.6, 0.3)
+    print("\n| machine | speed_memory | " + " | ".join(f"P = {p}: mean [worst]" for p in ps) + " |")
+    print("|---|---|" + "---|" * len(ps))
+    for drift in (True, False):
+        for mem in (0, 2, 3, 4):
+            cfg = GateConfig(speed_memory=mem)
+            cells, rec = [], {}
+            for p in ps:
+                ratios = []
+                for seed in range(runs):
+                    slow = drifting_speed(steps, seed + 100) if drift else [1.0] * steps
+                    fixed = [simulate(MID_CPU, lambda s: p, steps, fixed=k, seed=seed, speed=slow.__getitem__).rate
+                             for k in range(6)]
+                    run = simulate(MID_CPU, lambda s: p, steps, gate=Gate(cfg), seed=seed, observe=True,
+                                   speed=slow.__getitem__)
+                    ratios.append(run.rate / max(fixed))
+                rec[str(p)] = ratios
+                cells.append(f"{sum(ratios) / len(ratios):.3f} [{min(ratios):.3f}]")
+            out[f"{'drifting' if drift else 'steady'} {mem}"] = rec
+            default = " (default)" if mem == GateConfig().speed_memory else ""
+            print(f"| {'drifting' if drift else 'steady'} | {mem}{default} | " + " | ".join(cells) + " |")
     return out
 
 

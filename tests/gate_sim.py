@@ -41,8 +41,10 @@ class SimRun:
 
 def simulate(cost: Callable[[int], float], accept: Callable[[int], float], steps: int, *,
              gate=None, fixed: int | None = None, max_k: int = 5, seed: int = 0,
-             source: str = "lookup", draft_seconds: float = 0.0, observe: bool = False) -> SimRun:
-    """Run `steps` decode steps with the gate picking the depth, or at a fixed depth."""
+             source: str = "lookup", draft_seconds: float = 0.0, observe: bool = False,
+             speed: Callable[[int], float] | None = None) -> SimRun:
+    """Run `steps` decode steps with the gate picking the depth, or at a fixed depth.
+    speed(step): the machine's slowness at that step, a factor on every forward's cost."""
     assert (gate is None) != (fixed is None)
     rng = random.Random(seed)
     seen = random.Random(seed + 1)
@@ -63,13 +65,14 @@ def simulate(cost: Callable[[int], float], accept: Callable[[int], float], steps
         m = 0
         while m < k and rng.random() < p:
             m += 1
-        seconds = cost(k + 1)
+        slow = speed(step) if speed is not None else 1.0
+        seconds = cost(k + 1) * slow
         drafting = (k - 1) * draft_seconds if k > 1 else 0.0
         run.seconds += seconds + drafting
         run.tokens += m + 1
         if k:
             run.verify_seconds += seconds + drafting
-            run.plain_equivalent += (m + 1) * cost(1)
+            run.plain_equivalent += (m + 1) * cost(1) * slow
         if gate is not None:
             for _ in range(k - 1):
                 if draft_seconds:
@@ -87,6 +90,23 @@ def simulate(cost: Callable[[int], float], accept: Callable[[int], float], steps
         run.ks.append(k)
         run.accepted.append(m)
     return run
+
+
+def drifting_speed(steps: int, seed: int) -> list[float]:
+    """A shared machine's slowness per step, as measured on this 2-CPU machine during issue 5's
+    lockstep runs (docs/gate.md choice 15): single forwards 15-40% slow now and then, and slow
+    phases of 8-30 forwards at 10-30% slower; around them a few percent of noise."""
+    rng = random.Random(seed)
+    out, phase, left = [], 1.0, 0
+    for _ in range(steps):
+        if left == 0 and rng.random() < 1 / 40:
+            phase, left = rng.uniform(1.10, 1.30), rng.randint(8, 30)
+        f = (phase if left else 1.0) * rng.uniform(0.97, 1.03)
+        left = max(left - 1, 0)
+        if rng.random() < 0.05:
+            f *= rng.uniform(1.15, 1.40)
+        out.append(f)
+    return out
 
 
 def linear_cost(t1: float, rho: float) -> Callable[[int], float]:

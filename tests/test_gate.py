@@ -40,14 +40,18 @@ def src(gate: Gate, name: str) -> dict:
 
 # --- the running-average rule ------------------------------------------------------------
 
+# The public rule: T(n) a plain running average (our choice 15, the machine's speed, off).
+PUBLIC_TIMING = GateConfig(speed_memory=0)
+
+
 def test_timing_first_sample_exact_then_average_then_ema():
-    g = Gate()
+    g = Gate(PUBLIC_TIMING)
     g.forward(1, 0.010)
     assert g.stats()["T"][1] == 0.010                       # first sample sets it exactly
     g.forward(1, 0.020)
     assert g.stats()["T"][1] == pytest.approx(0.015)        # exact mean of two
     vals = [0.010, 0.020, 0.030, 0.040, 0.050, 0.060, 0.070, 0.080]
-    g = Gate()
+    g = Gate(PUBLIC_TIMING)
     for v in vals:
         g.forward(1, v)
     assert g.stats()["T"][1] == pytest.approx(sum(vals) / 8)   # exact mean up to memory 8
@@ -97,7 +101,7 @@ def test_result_clamps_and_counts():
 
 
 def test_rho_fit_and_clamp():
-    g = Gate()
+    g = Gate(PUBLIC_TIMING)
     g.forward(2, 0.030)                          # T(1) unmeasured: no rho sample
     assert g.stats()["rho"] == 0.5 and g.stats()["rho_samples"] == 0
     g.forward(1, 0.010)
@@ -105,7 +109,7 @@ def test_rho_fit_and_clamp():
     assert g.stats()["rho"] == pytest.approx(0.5 + (0.3 - 0.5) / 2)
     g.forward(3, 0.020)                          # r = (2 - 1) / 2 = 0.5
     assert g.stats()["rho"] == pytest.approx(0.4 + (0.5 - 0.4) / 3)
-    g2 = Gate()
+    g2 = Gate(PUBLIC_TIMING)
     g2.forward(1, 0.010)
     g2.forward(2, 0.100)                         # r = 9, clamped to 4
     assert g2.stats()["rho"] == pytest.approx(0.5 + (4.0 - 0.5) / 2)

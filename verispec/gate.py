@@ -37,6 +37,11 @@ Free observations (our choice; docs/gate.md): drafts no verify carried are compa
 tokens picked anyway and move a_j like a verify, with memory 32 instead of 16, so an
 estimate fed at every token does not cross a near break-even by chance every few picks.
 
+The machine's speed (our choice 15; docs/gate.md): every forward first moves a factor `speed`
+(memory 3) by its time over T(rows), then T(rows) by its time over that speed, so T(n) is each
+row count at the machine's usual speed and a slow phase spent at one row count does not make
+the others look cheap. With constant timings the speed stays 1: the public rule.
+
 Across runs (our choice; docs/gate.md "Across runs"). What the gate measures of the machine
 and model -- T(n), rho, each source's per-draft cost and the multi-row forwards since the last
 plain step -- lives in a GateTimings that `next_run()` shares with the next run's gate (an
@@ -64,6 +69,7 @@ class GateConfig:
     rho_max: float = 4.0
     acceptance_memory: int = 16
     timing_memory: int = 8
+    speed_memory: int = 3                # the machine's current slowness (0: off, the public rule)
     prior_weight: int = 2                # a prior is worth this many verifies
     priors: tuple[tuple[str, tuple[float, ...]], ...] = (
         ("mtp", (0.8, 0.6, 0.5)),        # the last value repeats for deeper positions
@@ -83,6 +89,9 @@ class GateConfig:
             raise ValueError("max_drafts and probe intervals must be >= 1")
         if min(self.acceptance_memory, self.observe_memory, self.timing_memory, self.p_memory) < 1:
             raise ValueError("memories must be >= 1")
+        if self.speed_memory < 0 or self.speed_memory == 1:
+            # memory 1 would put a sample's whole surprise on the speed: T(n) would never move
+            raise ValueError(f"speed_memory must be 0 (off) or >= 2, got {self.speed_memory}")
         if not self.probe_budget > 0:
             raise ValueError(f"probe_budget must be > 0, got {self.probe_budget}")
         for name, prior in self.priors:
@@ -140,14 +149,16 @@ def _expected(a: Sequence[float]) -> float:
 
 class GateTimings:
     """What the gate measures of the machine and model, not of a prompt: T(n) by row count
-    (index n; 0 unused), rho, each source's seconds per draft past the first, and the
+    (index n; 0 unused) at the machine's usual speed, the machine's current slowness `speed`
+    (a factor on every T(n)), rho, each source's seconds per draft past the first, and the
     multi-row forwards since the last plain step (so the refresh plain step also comes in a
     chain of short runs). Gates of successive runs share one (Gate.next_run)."""
 
-    __slots__ = ("t", "rho", "draft", "since_plain")
+    __slots__ = ("t", "speed", "rho", "draft", "since_plain")
 
     def __init__(self, config: GateConfig):
         self.t = [_Avg() for _ in range(config.max_drafts + 2)]
+        self.speed = _Avg(1.0, 1)
         self.rho = _Avg(config.rho0, 1)
         self.draft: dict[str, _Avg] = {}
         self.since_plain = 0
@@ -202,7 +213,16 @@ class Gate:
         if not (1 <= rows <= self._max_rows) or not seconds > 0:
             return
         c = self.config
-        self._t[rows].update(seconds, c.timing_memory)
+        t = self._t[rows]
+        speed = self.timings.speed
+        if c.speed_memory:
+            # the machine's slowness, fed by every forward, takes most of a sample's surprise
+            # first, so a slow minute spent at one row count does not make the row counts
+            # not used meanwhile look cheap (docs/gate.md, our choice 15)
+            if t.samples:
+                speed.update(seconds / t.x, c.speed_memory)
+            seconds = seconds / speed.x
+        t.update(seconds, c.timing_memory)
         if rows == 1:
             self._since_plain = 0
             return
@@ -433,7 +453,7 @@ class Gate:
         parts = ["[verispec spec gate]"]
         t1 = self._t[1]
         if t1.samples:
-            parts.append(f"T(1) {t1.x * 1e3:.1f} ms")
+            parts.append(f"T(1) {t1.x * self.timings.speed.x * 1e3:.1f} ms")
             rows = [f"{n}: {self._t[n].x / t1.x:.2f}"
                     for n in range(2, self._max_rows + 1) if self._t[n].samples]
             if rows:
@@ -454,7 +474,9 @@ class Gate:
     def stats(self) -> dict:
         return {
             "enabled": self.config.enabled,
-            "T": {n: self._t[n].x for n in range(1, self._max_rows + 1) if self._t[n].samples},
+            # at the machine's current speed
+            "T": {n: self._t[n].x * self.timings.speed.x for n in range(1, self._max_rows + 1) if self._t[n].samples},
+            "speed": self.timings.speed.x,
             "T_samples": {n: self._t[n].samples for n in range(1, self._max_rows + 1) if self._t[n].samples},
             "rho": self._rho.x,
             "rho_samples": self._rho.samples,
