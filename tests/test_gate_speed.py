@@ -63,6 +63,26 @@ def test_a_slow_phase_at_one_row_count_keeps_the_others_priced(speed_memory):
         assert g.rows_cost(2) > 1.85
 
 
+def test_draft_costs_are_kept_at_the_usual_speed_too():
+    """value() divides the per-draft cost by T(1): both must be at the same speed."""
+    g = Gate()
+    for _ in range(3):
+        g.forward(1, 0.010)
+    for _ in range(10):
+        g.forward(1, 0.015)                      # the machine now runs 1.5x slower
+    speed = g.stats()["speed"]
+    assert speed > 1.3
+    g.draft_cost("mtp", 0.003)
+    assert g.stats()["sources"]["mtp"]["draft_cost"] == pytest.approx(0.003)   # reported as measured
+    t1_usual = g.stats()["T"][1] / speed
+    for _ in range(2):
+        g.forward(2, g.stats()["T"][1] * 1.2)    # two rows measured, at the current speed
+    a = g.stats()["sources"]["mtp"]["acceptance"]
+    e2 = 1 + a[0] + a[0] * a[1]
+    # cost(2) = rows_cost(3) + d / T(1), both at the usual speed: d = 3 ms / speed
+    assert g.value("mtp", 2) == pytest.approx(e2 / (g.rows_cost(3) + (0.003 / speed) / t1_usual))
+
+
 def test_speed_memory_validated():
     with pytest.raises(ValueError, match="speed_memory"):
         GateConfig(speed_memory=1)

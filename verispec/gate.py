@@ -236,6 +236,8 @@ class Gate:
         """Seconds one extra draft (past the first) of `source` took to write."""
         if not seconds >= 0:
             raise ValueError(f"draft cost must be >= 0 seconds, got {seconds}")
+        if self.config.speed_memory:
+            seconds /= self.timings.speed.x      # at the machine's usual speed, as T(n) (choice 15)
         self._source(source).draft.update(seconds, self.config.timing_memory)
 
     def result(self, source: str, judged: int, accepted: int,
@@ -460,7 +462,7 @@ class Gate:
                 parts.append("rows " + ", ".join(rows))
         if self._rho.samples:
             parts.append(f"rho {self._rho.x:.2f}")
-        drafts = [(name, s.draft.x) for name, s in self._sources.items() if s.draft.samples]
+        drafts = [(name, s.draft.x * self.timings.speed.x) for name, s in self._sources.items() if s.draft.samples]
         for name, d in drafts:
             label = f"draft {name}" if len(drafts) > 1 else "draft"
             parts.append(f"{label} {d * 1e3:.1f} ms")
@@ -488,7 +490,7 @@ class Gate:
                 "observed": list(s.observed), "observed_hit": list(s.observed_hit),
                 "acceptance": [a.x for a in s.acc],
                 "p_bins": [b.x for b in s.bins],
-                "draft_cost": s.draft.x if s.draft.samples else None,
+                "draft_cost": s.draft.x * self.timings.speed.x if s.draft.samples else None,
                 "probe_stood": s.probe_stood,
             } for name, s in self._sources.items()},
         }
