@@ -42,12 +42,17 @@ class SimRun:
 def simulate(cost: Callable[[int], float], accept: Callable[[int], float], steps: int, *,
              gate=None, fixed: int | None = None, max_k: int = 5, seed: int = 0,
              source: str = "lookup", draft_seconds: float = 0.0, observe: bool = False,
-             speed: Callable[[int], float] | None = None) -> SimRun:
+             speed: Callable[[int], float] | None = None, first_slow: float = 0.0) -> SimRun:
     """Run `steps` decode steps with the gate picking the depth, or at a fixed depth.
-    speed(step): the machine's slowness at that step, a factor on every forward's cost."""
+    speed(step): the machine's slowness at that step, a factor on every forward's cost.
+    first_slow: the first forward of each row count in the run is slower by a factor drawn
+    from 1..1 + first_slow (a fresh decoder's first forwards of a row count were measured
+    0-43% slower than the next ones, median ~10%: docs/gate.md choice 15)."""
     assert (gate is None) != (fixed is None)
     rng = random.Random(seed)
     seen = random.Random(seed + 1)
+    first = random.Random(seed + 2)
+    rows_seen: set[int] = set()
     run = SimRun()
     probes = gate.stats()["sources"][source]["probes"] if gate is not None else 0
     for step in range(steps):
@@ -66,6 +71,9 @@ def simulate(cost: Callable[[int], float], accept: Callable[[int], float], steps
         while m < k and rng.random() < p:
             m += 1
         slow = speed(step) if speed is not None else 1.0
+        if first_slow and k + 1 not in rows_seen:
+            rows_seen.add(k + 1)
+            slow *= 1.0 + first.random() * first_slow
         seconds = cost(k + 1) * slow
         drafting = (k - 1) * draft_seconds if k > 1 else 0.0
         run.seconds += seconds + drafting

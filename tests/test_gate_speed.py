@@ -16,21 +16,65 @@ MID_CPU = table_cost(0.042, {1: 1, 2: 1.35, 3: 1.56, 4: 1.93, 5: 2.16, 6: 2.67,
 
 
 def test_speed_takes_the_surprise_first_then_t_averages_the_rest():
-    g = Gate()                                   # speed 1.0 worth one sample, memory 3
-    g.forward(1, 0.010)
+    g = Gate()                                   # speed 1.0 worth one sample, memory 3, anchor 128
+    for _ in range(3):
+        g.forward(1, 0.010)
     st = g.stats()
-    assert st["T"][1] == 0.010 and st["speed"] == 1.0   # a first sample sets T exactly
-    g.forward(1, 0.020)                          # surprise 2: the speed goes halfway, to 1.5
-    speed = 1.0 + (2.0 - 1.0) / 2
-    shape = (0.010 + 0.020 / speed) / 2          # T(1) averages the rest exactly (two samples)
+    assert st["T"][1] == 0.010 and st["speed"] == 1.0
+    g.forward(1, 0.020)                          # surprise 2: the speed goes halfway, to 1.5,
+    speed = 1.5 + (1.0 - 1.5) / 128              # ... then 1/128 of the way back to 1
+    shape = 0.010 + (0.020 / speed - 0.010) / 4  # T(1) (three samples) takes the rest by a fourth
     st = g.stats()
-    assert st["speed"] == pytest.approx(speed)
-    assert st["T"][1] == pytest.approx(shape * speed)    # reported at the current speed
+    assert st["speed"] == pytest.approx(speed, rel=1e-12)
+    assert st["T"][1] == pytest.approx(shape * speed, rel=1e-12)    # reported at the current speed
     g.forward(1, 0.020)                          # the speed's memory is 3: a third of the surprise
     speed2 = speed + (0.020 / shape - speed) / 3
-    shape2 = shape + (0.020 / speed2 - shape) / 3
+    speed2 += (1.0 - speed2) / 128
+    shape2 = shape + (0.020 / speed2 - shape) / 5
     st = g.stats()
-    assert st["speed"] == pytest.approx(speed2) and st["T"][1] == pytest.approx(shape2 * speed2)
+    assert st["speed"] == pytest.approx(speed2, rel=1e-12)
+    assert st["T"][1] == pytest.approx(shape2 * speed2, rel=1e-12)
+
+
+def test_a_barely_measured_row_count_does_not_move_the_speed():
+    """A row count's first forwards in a run are often slow for their own reasons (measured in
+    issue 5's benchmark: 0-43% slower than the next ones); until it has 3 samples its surprise
+    is its own. (Run 8 of issue 5's benchmark, before this rule: a slow first 2-row forward
+    pulled the speed to 0.88, plain steps then inflated T(1), two rows looked cheap and the cold
+    gate drafted at P = 0.3: 0.958 of plain.)"""
+    g = Gate()
+    for _ in range(3):
+        g.forward(1, 0.010)
+    g.forward(2, 0.021)                          # the first 2-row forward, 50% slow
+    g.forward(2, 0.014)
+    assert g.stats()["speed"] == 1.0
+    assert g.stats()["T"][1] == 0.010
+    g.forward(2, 0.014)
+    g.forward(2, 0.014)                          # measured now: its surprise moves the speed
+    assert g.stats()["speed"] != 1.0
+
+
+@pytest.mark.parametrize("anchor", [128, 10 ** 9])
+def test_the_split_between_speed_and_t_does_not_wander(anchor):
+    """While the gate uses one row count for thousands of forwards (a declined source: plain
+    steps), noise moves the split between the speed and that count's T(n) (the update is not
+    linear), and every other row count's price with it. Measured in run 8 of issue 5's
+    benchmark: the chained gate's T(2) / T(1) rose from 1.61 to 1.80 over 8 runs at P = 0.3.
+    The pull toward 1 (anchor 128) holds it; without it (10 ** 9) it wanders."""
+    costs = []
+    for seed in range(6):
+        g = Gate(GateConfig(speed_anchor=anchor))
+        slow = drifting_speed(5300, seed + 7)
+        simulate(MID_CPU, lambda s: 0.9, 300, gate=g, seed=seed, observe=True, speed=slow.__getitem__)
+        simulate(MID_CPU, lambda s: 0.3, 5000, gate=g, seed=seed, observe=True,
+                 speed=lambda i: slow[300 + i])
+        costs.append((g.rows_cost(2), g.rows_cost(5)))
+    worst2 = max(abs(c2 / 1.35 - 1) for c2, _ in costs)
+    worst5 = max(abs(c5 / 2.16 - 1) for _, c5 in costs)
+    if anchor == 128:
+        assert worst2 < 0.08 and worst5 < 0.08, costs
+    else:
+        assert worst2 > 0.1 or worst5 > 0.1, costs
 
 
 def test_constant_timings_are_the_public_rule():

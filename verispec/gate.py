@@ -70,6 +70,7 @@ class GateConfig:
     acceptance_memory: int = 16
     timing_memory: int = 8
     speed_memory: int = 3                # the machine's current slowness (0: off, the public rule)
+    speed_anchor: int = 128              # forwards over which the speed returns to 1
     prior_weight: int = 2                # a prior is worth this many verifies
     priors: tuple[tuple[str, tuple[float, ...]], ...] = (
         ("mtp", (0.8, 0.6, 0.5)),        # the last value repeats for deeper positions
@@ -89,6 +90,8 @@ class GateConfig:
             raise ValueError("max_drafts and probe intervals must be >= 1")
         if min(self.acceptance_memory, self.observe_memory, self.timing_memory, self.p_memory) < 1:
             raise ValueError("memories must be >= 1")
+        if self.speed_anchor < 1:
+            raise ValueError(f"speed_anchor must be >= 1, got {self.speed_anchor}")
         if self.speed_memory < 0 or self.speed_memory == 1:
             # memory 1 would put a sample's whole surprise on the speed: T(n) would never move
             raise ValueError(f"speed_memory must be 0 (off) or >= 2, got {self.speed_memory}")
@@ -218,9 +221,13 @@ class Gate:
         if c.speed_memory:
             # the machine's slowness, fed by every forward, takes most of a sample's surprise
             # first, so a slow minute spent at one row count does not make the row counts
-            # not used meanwhile look cheap (docs/gate.md, our choice 15)
-            if t.samples:
+            # not used meanwhile look cheap (docs/gate.md, our choice 15). Only a measured row
+            # count says anything of the machine: a first forward is often slow for its own
+            # reasons. The pull toward 1 keeps the split between the speed and T(n) from
+            # wandering (every T(n) would drift with it while the gate uses one row count).
+            if t.samples >= c.new_samples:
                 speed.update(seconds / t.x, c.speed_memory)
+            speed.x += (1.0 - speed.x) / c.speed_anchor
             seconds = seconds / speed.x
         t.update(seconds, c.timing_memory)
         if rows == 1:
