@@ -9,9 +9,10 @@ observations' memory (GateConfig.observe_memory), for memories 16, 32 and 64:
                    rate over plain decoding in 40 runs of 450 steps (about a 512-token reply)
   after a jump     never accepted for 300 picks, then 90%: picks until the gate drafts on its
                    own (not a probe), 30 seeds, for two rows at 1.38, 1.5 and 1.8 plain steps
-Then the study that chose the speed's memory (GateConfig.speed_memory, docs/gate.md choice 15):
-on a drifting machine (tests/gate_sim.py drifting_speed) and a steady one, 80 runs of 600
-picks on the mid-size curve per P, the gate's rate over the same run's best fixed depth.
+Then the study of the machine's speed (GateConfig.speed_memory / speed_anchor, docs/gate.md
+choice 15): on a drifting machine (tests/gate_sim.py drifting_speed), with and without slow
+first forwards of each row count, and a steady one, 80 runs of 600 picks on the mid-size curve
+per P, the gate's rate over the same run's best fixed depth.
 
     python bench/gate_sim.py [--steps 3000] [--seed 11]
 """
@@ -109,28 +110,28 @@ def memory_study() -> dict:
 def speed_study(runs: int = 80, steps: int = 600) -> dict:
     out = {}
     ps = (0.9, 0.6, 0.3)
-    print("\n| machine | speed_memory | " + " | ".join(f"P = {p}: mean [worst]" for p in ps) + " |")
+    settings = {"public (speed_memory 0)": GateConfig(speed_memory=0),
+                "speed 3, no pull to 1": GateConfig(speed_anchor=10 ** 9),
+                "speed 3, pulled over 128 (default)": GateConfig()}
+    machines = {"drifting, first forwards slow": (True, 0.25), "drifting": (True, 0.0), "steady": (False, 0.0)}
+    print("\n| machine | timing rule | " + " | ".join(f"P = {p}: mean [worst]" for p in ps) + " |")
     print("|---|---|" + "---|" * len(ps))
-    for drift in (True, False):
-        for mem in (0, 2, 3, 4):
-            cfg = GateConfig(speed_memory=mem)
+    for mname, (drift, first) in machines.items():
+        for sname, cfg in settings.items():
             cells, rec = [], {}
             for p in ps:
                 ratios = []
                 for seed in range(runs):
                     slow = drifting_speed(steps, seed + 100) if drift else [1.0] * steps
-                    fixed = [simulate(MID_CPU, lambda s: p, steps, fixed=k, seed=seed, speed=slow.__getitem__).rate
-                             for k in range(6)]
-                    run = simulate(MID_CPU, lambda s: p, steps, gate=Gate(cfg), seed=seed, observe=True,
-                                   speed=slow.__getitem__)
+                    kw = dict(seed=seed, speed=slow.__getitem__, first_slow=first)
+                    fixed = [simulate(MID_CPU, lambda s: p, steps, fixed=k, **kw).rate for k in range(6)]
+                    run = simulate(MID_CPU, lambda s: p, steps, gate=Gate(cfg), observe=True, **kw)
                     ratios.append(run.rate / max(fixed))
                 rec[str(p)] = ratios
                 cells.append(f"{sum(ratios) / len(ratios):.3f} [{min(ratios):.3f}]")
-            out[f"{'drifting' if drift else 'steady'} {mem}"] = rec
-            default = " (default)" if mem == GateConfig().speed_memory else ""
-            print(f"| {'drifting' if drift else 'steady'} | {mem}{default} | " + " | ".join(cells) + " |")
+            out[f"{mname} / {sname}"] = rec
+            print(f"| {mname} | {sname} | " + " | ".join(cells) + " |")
     return out
-
 
 if __name__ == "__main__":
     main()
