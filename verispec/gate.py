@@ -37,10 +37,11 @@ Free observations (our choice; docs/gate.md): drafts no verify carried are compa
 tokens picked anyway and move a_j like a verify, with memory 32 instead of 16, so an
 estimate fed at every token does not cross a near break-even by chance every few picks.
 
-The machine's speed (our choice 15; docs/gate.md): every forward first moves a factor `speed`
-(memory 3) by its time over T(rows), then T(rows) by its time over that speed, so T(n) is each
-row count at the machine's usual speed and a slow phase spent at one row count does not make
-the others look cheap. With constant timings the speed stays 1: the public rule.
+The machine's speed (our choice 15; docs/gate.md): a forward of a measured row count first
+moves a factor `speed` (memory 3) by its time over T(rows), then every forward moves T(rows)
+by its time over that speed, and the speed is pulled 1/128 of the way back to 1; so T(n) is
+each row count at the machine's usual speed and a slow phase spent at one row count does not
+make the others look cheap. With constant timings the speed stays 1: the public rule.
 
 Across runs (our choice; docs/gate.md "Across runs"). What the gate measures of the machine
 and model -- T(n), rho, each source's per-draft cost and the multi-row forwards since the last
