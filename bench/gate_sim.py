@@ -133,5 +133,6 @@ def speed_study(runs: int = 80, steps: int = 600) -> dict:
             print(f"| {mname} | {sname} | " + " | ".join(cells) + " |")
     return out
 
+
 if __name__ == "__main__":
     main()

@@ -8,11 +8,9 @@ import statistics
 
 import pytest
 
-from gate_sim import drifting_speed, simulate, table_cost
+from gate_sim import drifting_speed, simulate
+from test_gate_observe import MID_CPU
 from verispec.gate import Gate, GateConfig
-
-MID_CPU = table_cost(0.042, {1: 1, 2: 1.35, 3: 1.56, 4: 1.93, 5: 2.16, 6: 2.67,
-                             7: 2.9, 8: 3.1, 9: 3.3})
 
 
 def test_speed_takes_the_surprise_first_then_t_averages_the_rest():
