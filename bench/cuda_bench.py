@@ -9,6 +9,7 @@ arms interleaved within a round):
   overhead   one exact (padded) decode row against the same row through plain cuBLAS/SDPA
   pdl        the same graphed forwards (1 and 4 rows) captured with programmatic dependent
              launch on and off (verispec/ops/cuda_launch.py), interleaved
+  fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on, each one off, all off
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -284,14 +285,20 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict) -> None:
         restore()
 
 
+FUSIONS = ("GATED_NORM_IN_PRODUCT", "ROUTER_IN_PRODUCT", "LOGITS_IN_PRODUCT")
+
+
 def _launch_options():
-    """A function that puts the kernels' launch options back as they are now."""
-    from verispec.ops import cuda_launch
+    """A function that puts the kernels' launch options (PDL, the fusions) back as they are now."""
+    from verispec.ops import cuda_fusions, cuda_launch
 
     pdl_on = cuda_launch.enabled
+    fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
         cuda_launch.enabled = pdl_on
+        for f, v in fused.items():
+            setattr(cuda_fusions, f, v)
     return restore
 
 
@@ -301,6 +308,19 @@ def pdl(eng: Engine, rounds: int) -> None:
 
     graph_arms(eng, rounds, "pdl", {"pdl_off": lambda: setattr(cuda_launch, "enabled", False),
                                     "pdl_on": lambda: setattr(cuda_launch, "enabled", True)})
+
+
+def fusions(eng: Engine, rounds: int) -> None:
+    """Every fusion on (the default) against each one off and all off (verispec/ops/
+    cuda_fusions.py). Fusions that fold a reduction into another kernel may move a rounding,
+    so the logits of those arms may differ from the first arm's in the last bits."""
+    from verispec.ops import cuda_fusions
+
+    def only_off(*off):
+        return lambda: [setattr(cuda_fusions, f, f not in off) for f in FUSIONS]
+    graph_arms(eng, rounds, "fusions", {"all_on": only_off(), "gated_norm_off": only_off(FUSIONS[0]),
+                                        "router_off": only_off(FUSIONS[1]), "logits_off": only_off(FUSIONS[2]),
+                                        "all_off": only_off(*FUSIONS)})
 
 
 def spec(eng: Engine, n: int, rounds: int, key: str) -> None:
@@ -365,6 +385,7 @@ def main() -> int:
              ("verify", lambda: verify(eng, a.rounds + 2, bw)),
              ("overhead", lambda: overhead(eng, ck, 4 * a.rounds + 4)),
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
+             ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:
         if name in sections:
