@@ -372,8 +372,6 @@ class Model:
             raise ModelFormatError("checkpoint is missing tensor lm_head.weight (and tie_word_embeddings is false)")
         w.finish()
         self.rope = RopeTable(a.head_dim, a.partial_rotary_factor, a.rope_theta, ex.torch_device)
-        # one finished-programs counter per layer for the router products that route (cuda_gemv.RouteEpilogue)
-        self.counters = torch.zeros(len(self.layers), dtype=torch.int32, device=ex.torch_device) if ex.is_cuda else None
         if ex.graphs and ex.is_cuda:
             from ..cuda_graphs import GraphedForward
             self.graphs = GraphedForward(self, ex.pad_rows)
@@ -459,22 +457,17 @@ class Model:
                 h = self._full_attn(layer.mixer, h, state, start, rp, lin, pos=pos, out_lin=out_lin)
             x, h = add_norm(x, h, norms[2 * i + 1], eps, rp)
             if isinstance(layer.mlp, MoE) and self._moe_kernels(layer.mlp, h, rp):
-                x, h = self.moe_add_norm(layer.mlp, h, x, norms[2 * i + 2], eps, i)
+                x, h = self.moe_add_norm(layer.mlp, h, x, norms[2 * i + 2], eps)
                 continue
             h = (self.moe(layer.mlp, h, lin, rp) if isinstance(layer.mlp, MoE)
                  else self.dense(layer.mlp, h, lin, rp))
             x, h = add_norm(x, h, norms[2 * i + 2], eps, rp)   # the next layer's input norm, or the final one
-        if rp is not BATCH and self._fused_product(h, self.lm_head) and cuda_fusions.LOGITS_IN_PRODUCT \
-                and not cuda_gemv.splits(*reversed(self.lm_head.shape)):
-            logits = cuda_gemv.linear_rows(h, self.lm_head, out_dtype=torch.float32)
+        if (rp is not BATCH and cuda_fusions.LOGITS_IN_PRODUCT and self.exec.pad_rows == cuda_gemv.ROWS
+                and cuda_gemv.usable(h, self.lm_head) and not cuda_gemv.splits(*reversed(self.lm_head.shape))):
+            logits = cuda_gemv.linear_rows(h, self.lm_head, out_dtype=torch.float32)   # no conversion launch
         else:
             logits = lin(h, self.lm_head).float()
         return logits, h, x
-
-    def _fused_product(self, x, w) -> bool:
-        """Whether the exact path's product x @ w^T runs as the fixed-order Triton kernel here
-        (so a fusion into it applies)."""
-        return self.exec.pad_rows == cuda_gemv.ROWS and cuda_gemv.usable(x, w)
 
     def _linear_attn(self, m: LinearAttn, h, state: State, exact, save_slots, lin, out_lin=None):
         a = self.args
@@ -543,14 +536,6 @@ class Model:
                                       rtab, a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
                                       out_dtype=h.dtype)
         z = proj[:, 2 * kd + vd:2 * kd + 2 * vd]
-        if (cuda_fusions.GATED_NORM_IN_PRODUCT and self._fused_product(o.reshape(rows, vd), m.out)
-                and cuda_gemv.gnorm_fits(m.out, a.linear_value_head_dim)):
-            # the gated norm in the output product's loads: one launch fewer
-            gn = cuda_gemv.GatedNormPrologue(z, m.norm, a.rms_norm_eps)
-            if out_lin is not None and cuda_gemv.splits(vd, m.out.shape[0]):
-                return cuda_gemv.Partials(cuda_gemv.linear_rows(o.reshape(rows, vd), m.out, partials=True, gnorm=gn),
-                                          rows)
-            return cuda_gemv.linear_rows(o.reshape(rows, vd), m.out, gnorm=gn)
         o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, self.rows_exact)
         return (out_lin or lin)(o.reshape(rows, vd), m.out)
 
@@ -615,7 +600,7 @@ class Model:
         return (rp is not BATCH and self.exec.pad_rows == cuda_gemv.ROWS and cuda_moe.available(h.device)
                 and cuda_gemv.usable(h, m.pre) and m.shared_inter == m.gu_all.shape[1] // 2)
 
-    def moe_add_norm(self, m: MoE, h, x, norm_w, eps, index: int = 0):
+    def moe_add_norm(self, m: MoE, h, x, norm_w, eps):
         """(x + moe(h), the next norm of it) in five launches: the router product (its split-K
         partials), the router (top K + the shared expert as slot K), gate/up + SwiGLU and down
         over every (row, slot) pair, and the combine with the residual add and the norm. Every
@@ -623,13 +608,8 @@ class Model:
         e, si = m.n_experts, m.shared_inter
         router = m.pre[:e + 1 + (-(e + 1)) % 8]                 # router + shared gate rows, a view
         split = cuda_gemv.splits(*reversed(router.shape))
-        if split and cuda_fusions.ROUTER_IN_PRODUCT and self.counters is not None:
-            # the router in the product's last program: one launch fewer
-            top_w, top_i = cuda_gemv.linear_rows(h, router, route=cuda_gemv.RouteEpilogue(
-                self.counters[index:index + 1], e, m.top_k, m.norm_topk))
-        else:
-            logits = cuda_gemv.linear_rows(h, router, partials=split)     # split: the partials, summed by the router
-            top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk)
+        logits = cuda_gemv.linear_rows(h, router, partials=split)     # split: the partials, summed by the router
+        top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk)
         return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si],
                                          m.shared_down, x, norm_w, eps)
 

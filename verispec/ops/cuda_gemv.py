@@ -26,8 +26,6 @@ try:
     import triton
     import triton.language as tl
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-    from .cuda_moe import route_rows
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -45,22 +43,16 @@ if triton is not None:
     # R unspecialised: Triton compiles a separate kernel for an int argument equal to 1 (or a
     # multiple of 16), and a decode row (R = 1) must run the same code as a verify's rows
     @triton.jit(do_not_specialize=["R"])
-    def _gemv_rows(x_ptr, w_ptr, out_ptr, R, N, x_stride, ring_ptr, cw_ptr, tab_ptr, C, z_ptr, z_stride, gw_ptr, eps,
-                   cnt_ptr, rw_ptr, ri_ptr, K: tl.constexpr, ROWS_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, CONV: tl.constexpr, KC: tl.constexpr,
-                   SAVE: tl.constexpr, GNORM: tl.constexpr, ROUND: tl.constexpr, ROUTE: tl.constexpr,
-                   E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr,
-                   NORM_TOPK: tl.constexpr, PDL: tl.constexpr):
+    def _gemv_rows(x_ptr, w_ptr, out_ptr, R, N, x_stride, ring_ptr, cw_ptr, tab_ptr, C, K: tl.constexpr,
+                   ROWS_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                   CONV: tl.constexpr, KC: tl.constexpr, SAVE: tl.constexpr, ROUND: tl.constexpr,
+                   PDL: tl.constexpr):
         """Program (nb, s): output columns block nb over the s-th of SPLIT chunks of K. SPLIT 1:
         out is y [R, N]; else out is the fp32 partials [SPLIT, ROWS_P, N] for _split_sum.
         CONV (SPLIT 1): columns below C are the DeltaNet's conv channels; their rows go through
-        the causal conv, row after row, in this program (see _conv_epilogue). GNORM: x is the
-        DeltaNet's recurrence output, each block of K (BLOCK_K = the head width) one head, put
-        through the gated norm on load (see _gated_norm_tile). ROUND: y is rounded to x's dtype
-        before it is stored in out's (fp32 logits equal to the bf16 product's, widened).
-        ROUTE (SPLIT > 1, the router product): the last program to finish routes every row
-        from the partials (cuda_moe.route_rows) into rw, ri; cnt counts finished programs and
-        is left at 0 (see RoutedPartials)."""
+        the causal conv, row after row, in this program (see _conv_epilogue). ROUND: y is
+        rounded to x's dtype before it is stored in out's (fp32 logits equal to the bf16
+        product's, widened)."""
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
@@ -75,9 +67,6 @@ if triton is not None:
         for k0 in range(0, K // SPLIT, BLOCK_K):
             offs_k = sp * (K // SPLIT) + k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + offs_r[:, None] * x_stride + offs_k[None, :], mask=r_ok[:, None], other=0.0)
-            if GNORM:
-                x = _gated_norm_tile(x, z_ptr + offs_r[:, None] * z_stride + offs_k[None, :], r_ok, gw_ptr, eps,
-                                     BLOCK_K)
             w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
             acc = tl.dot(x, tl.trans(w), acc)
         if ROUND:
@@ -89,26 +78,6 @@ if triton is not None:
                 y = _conv_epilogue(y, R, offs_n, ring_ptr, cw_ptr, tab_ptr, ROWS_P, KC, SAVE)
         tl.store(out_ptr + (sp * ROWS_P + offs_r[:, None]) * N + offs_n[None, :], y,
                  mask=r_ok[:, None] & n_ok[None, :])
-        if ROUTE:
-            # every thread's partials are stored before one thread's release; the program that
-            # counts last acquires them all (then reads them past L1) and routes
-            tl.debug_barrier()
-            done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
-            if done == tl.num_programs(0) * tl.num_programs(1) - 1:
-                route_rows(out_ptr, N, R, rw_ptr, ri_ptr, E, TOP_K, KP, NORM_TOPK, BLOCK_E, SPLIT, ROWS_P, 4)
-                tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
-
-    @triton.jit
-    def _gated_norm_tile(x, z_ptrs, r_ok, gw_ptr, eps, HD: tl.constexpr):
-        """The gated norm (cuda_norms GATED) of one head of every row, x [ROWS_P, HD]: w *
-        bf16(x * rsqrt(mean(x^2) + eps)) * silu(z), in fp32, rounded to x's dtype. Each row's
-        sum runs over its own HD values; rows past R are zeros and stay zeros."""
-        xf = x.to(tl.float32)
-        xf = xf * tl.math.rsqrt(tl.sum(xf * xf, axis=1) / HD + eps)[:, None]
-        gw = tl.load(gw_ptr + tl.arange(0, HD)).to(tl.float32)
-        xf = gw[None, :] * xf.to(x.dtype).to(tl.float32)
-        z = tl.load(z_ptrs, mask=r_ok[:, None], other=0.0).to(tl.float32)
-        return (xf * (z * tl.sigmoid(z))).to(x.dtype)
 
     @triton.jit
     def _conv_epilogue(y, R, offs_n, ring_ptr, cw_ptr, tab_ptr, ROWS_P: tl.constexpr, KC: tl.constexpr,
@@ -204,49 +173,14 @@ def conv_fits(w: torch.Tensor, conv_channels: int, kernel: int) -> bool:
     return kernel == 4 and (len(cfg) < 5 or cfg[4] == 1) and conv_channels % cfg[0] == 0
 
 
-@dataclass(frozen=True)
-class GatedNormPrologue:
-    """The DeltaNet's gated norm applied to a product's input as it is loaded: x [R, K] is the
-    recurrence output (heads of width weight.numel() along K), gate [R, K] (unit stride along
-    K, any row stride) the z projection, weight [head width] the norm's, eps its epsilon."""
-    gate: torch.Tensor
-    weight: torch.Tensor
-    eps: float
-
-
-@dataclass(frozen=True)
-class RouteEpilogue:
-    """The MoE router run by the router product's last program (cuda_moe.route_shared's
-    arithmetic): columns 0..E-1 the router logits, column E the shared expert's gate. counter:
-    an int32 on the device, 0 before the launch and left at 0 after it; launches that may run
-    at the same time need separate counters."""
-    counter: torch.Tensor
-    n_experts: int
-    top_k: int
-    norm: bool
-
-
-def gnorm_fits(w: torch.Tensor, head: int) -> bool:
-    """Whether the product with w [N, K] can take the gated norm of heads `head` wide on load:
-    its K blocks must be exactly one head."""
-    k, n = w.shape[1], w.shape[0]
-    cfg = CONFIG.get((k, n), DEFAULT)
-    split = cfg[4] if len(cfg) > 4 else 1
-    return min(cfg[1], k) == head and k % (split * head) == 0
-
-
 def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, partials: bool = False,
-                conv: ConvEpilogue | None = None, gnorm: GatedNormPrologue | None = None,
-                out_dtype: torch.dtype | None = None, route: RouteEpilogue | None = None):
+                conv: ConvEpilogue | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [R, K] (R <= 16, unit stride along K) @ w[N, K]^T -> [R, N] in x's dtype. With partials
     (a split-K shape), the unsummed fp32 partials [SPLIT, 16, N] instead, for a consumer that
     sums them in chunk order itself (cuda_moe.route_shared). With conv (conv_fits), the first
-    C output columns come out through the causal conv, row after row. With gnorm (gnorm_fits),
-    x goes through the gated norm first, head by head, as cuda_norms.row_norm(GATED) would.
-    out_dtype (an unsplit product): y rounded to x's dtype, stored widened (the lm_head's fp32
-    logits without a separate conversion). With route (a split-K product whose outputs are the
-    router's), the routing instead: (weights [R, K + 1] fp32, ids [R, K + 1] int32), as
-    cuda_moe.route_shared on the partials returns them; one launch for product and router."""
+    C output columns come out through the causal conv, row after row. out_dtype (an unsplit
+    product): y rounded to x's dtype, stored widened (the lm_head's fp32 logits in one launch,
+    the bits of the bf16 product followed by a conversion)."""
     rows, k = x.shape
     n = w.shape[0]
     cfg = config or CONFIG.get((k, n), DEFAULT)
@@ -262,11 +196,6 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, p
     if conv is not None and (split != 1 or conv.ring.shape[0] % bn or conv.weight.shape[1] != 4
                              or not (conv.ring.is_contiguous() and conv.weight.is_contiguous())):
         raise ValueError("the conv epilogue needs an unsplit product, C a multiple of its block and kernel 4")
-    if gnorm is not None and (gnorm.weight.numel() != bk or gnorm.gate.shape != x.shape or gnorm.gate.stride(1) != 1):
-        raise ValueError(f"the gated norm prologue needs K blocks one head wide ({bk} != {gnorm.weight.numel()}) "
-                         "and a gate shaped as x with unit stride along K")
-    if route is not None and (split == 1 or conv is not None or gnorm is not None or n < route.n_experts + 1):
-        raise ValueError("the router epilogue needs a split-K product with the E router columns and the gate")
     if out_dtype is not None and (split != 1 or partials or conv is not None):
         raise ValueError("out_dtype is for an unsplit product without epilogue")
     y = torch.empty(rows, n, dtype=out_dtype or x.dtype, device=x.device)
@@ -276,22 +205,10 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, p
     else:
         tab = conv.slots if conv.slots is not None else conv.ring
         cargs, save = (conv.ring, conv.weight, tab, conv.ring.shape[0]), conv.slots is not None
-    gargs = (x, 0, x, 0.0) if gnorm is None else (gnorm.gate, gnorm.gate.stride(0), gnorm.weight.contiguous(), gnorm.eps)
-    if route is None:
-        rargs, e, top_k, norm = (out, out, out), 1, 1, False
-    else:
-        e, top_k, norm = route.n_experts, route.top_k, route.norm
-        rargs = (route.counter, torch.empty(rows, top_k + 1, dtype=torch.float32, device=x.device),
-                 torch.empty(rows, top_k + 1, dtype=torch.int32, device=x.device))
-    _gemv_rows[(triton.cdiv(n, bn), split)](x, w, out, rows, n, x.stride(0), *cargs, *gargs, *rargs, K=k,
-                                            ROWS_P=ROWS, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, CONV=conv is not None,
-                                            KC=4, SAVE=save, GNORM=gnorm is not None, ROUTE=route is not None, E=e,
-                                            TOP_K=top_k, KP=triton.next_power_of_2(top_k + 1),
-                                            BLOCK_E=triton.next_power_of_2(e), NORM_TOPK=norm,
-                                            ROUND=out_dtype is not None and out_dtype != x.dtype,
-                                            num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
-    if route is not None:
-        return rargs[1], rargs[2]
+    _gemv_rows[(triton.cdiv(n, bn), split)](x, w, out, rows, n, x.stride(0), *cargs, K=k, ROWS_P=ROWS, BLOCK_N=bn,
+                                            BLOCK_K=bk, SPLIT=split, CONV=conv is not None, KC=4, SAVE=save,
+                                            ROUND=out_dtype is not None and out_dtype != x.dtype, num_warps=nw,
+                                            num_stages=ns, **cuda_launch.flags(x.device))
     if partials:
         return out
     if split > 1:

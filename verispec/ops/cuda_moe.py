@@ -150,58 +150,6 @@ if triton is not None:
         return wv, iv
 
     @triton.jit
-    def _top_k_rows(p, offs, ks, TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr):
-        """_top_k for a tile of rows, p [RB, BLOCK_E] -> (values, indices) [RB, KP]; each row's
-        picks are reductions over its own values only."""
-        key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - offs).to(tl.int64)[None, :]
-        wv = tl.zeros([p.shape[0], KP], dtype=tl.float32)
-        iv = tl.zeros([p.shape[0], KP], dtype=tl.int32)
-        for j in tl.static_range(TOP_K):
-            best = tl.max(key, 1)
-            idx = BLOCK_E - 1 - (best & 0xFFFFFFFF).to(tl.int32)
-            wv = tl.where(ks[None, :] == j, (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)[:, None], wv)
-            iv = tl.where(ks[None, :] == j, idx[:, None], iv)
-            key = tl.where(offs[None, :] == idx[:, None], -1, key)
-        return wv, iv
-
-    @triton.jit
-    def route_rows(part_ptr, N, R, w_ptr, i_ptr, E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
-                   NORM: tl.constexpr, BLOCK_E: tl.constexpr, SPLIT: tl.constexpr, ROWS_P: tl.constexpr,
-                   RB: tl.constexpr):
-        """route_shared's router (_route with SPLIT > 1 and SHARED) for rows 0..R-1, RB rows a
-        pass, from the router product's fp32 partials [SPLIT, ROWS_P, N] at part_ptr, read past
-        L1 (.cg: they were written by other programs of the launch). Called by the product's
-        last program (cuda_gemv ROUTE). Row r always runs in pass r // RB at lane r % RB and
-        reduces over its own values, so its bits do not depend on R."""
-        offs = tl.arange(0, BLOCK_E)
-        ok = offs < E
-        ks = tl.arange(0, KP)
-        for r0 in range(0, R, RB):
-            rr = r0 + tl.arange(0, RB)
-            r_ok = rr < R
-            m = r_ok[:, None] & ok[None, :]
-            acc = tl.zeros([RB, BLOCK_E], dtype=tl.float32)
-            ga = tl.zeros([RB], dtype=tl.float32)
-            for sp in tl.static_range(SPLIT):
-                base = part_ptr + (sp * ROWS_P + rr) * N
-                acc += tl.load(base[:, None] + offs[None, :], mask=m, other=0.0, cache_modifier=".cg")
-                ga += tl.load(base + E, mask=r_ok, other=0.0, cache_modifier=".cg")
-            lg = acc.to(tl.bfloat16).to(tl.float32)
-            x = tl.where(ok[None, :], lg, float("-inf"))
-            ex = tl.exp(x - tl.max(x, 1)[:, None])
-            p = tl.where(ok[None, :], ex / tl.sum(ex, 1)[:, None], -1.0)
-            wv, iv = _top_k_rows(p, offs, ks, TOP_K, KP, BLOCK_E)
-            if NORM:
-                wv = wv / tl.sum(wv, 1)[:, None]
-            sg = tl.sigmoid(ga.to(tl.bfloat16).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
-            wv = tl.where(ks[None, :] == TOP_K, sg[:, None], wv)
-            iv = tl.where(ks[None, :] == TOP_K, E, iv)
-            at = rr[:, None] * (TOP_K + 1) + ks[None, :]
-            keep = r_ok[:, None] & (ks[None, :] < TOP_K + 1)
-            tl.store(w_ptr + at, wv, mask=keep)
-            tl.store(i_ptr + at, iv, mask=keep)
-
-    @triton.jit
     def _route(x_ptr, stride, split_stride, w_ptr, i_ptr, E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
                NORM: tl.constexpr, BLOCK_E: tl.constexpr, SPLIT: tl.constexpr, SHARED: tl.constexpr,
                PDL: tl.constexpr):
