@@ -324,18 +324,18 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
     if ids.dtype != torch.int32 or not ids.is_contiguous():
         raise ValueError("expert ids: contiguous int32")
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
-    # NP: a fixed width for the ids every program scans (never the launch's own count). Past 16
-    # rows (a prefill: no row promise, the same bits anyway) one program per pair
+    # NP: a fixed width for the ids every program scans (never the launch's own count)
     np_ = triton.next_power_of_2(16 * pairs_per_row)
-    dedup = DEDUP and n <= np_
+    if n > np_:
+        raise ValueError(f"{n} expert pairs: at most 16 rows")
     bn, bk, nw, ns = CONFIG["gate_up"]
     _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, n, inter, h, TOP_K=pairs_per_row, E=e,
-                                              BLOCK_N=bn, BLOCK_K=bk, DEDUP=dedup, NP=np_, num_warps=nw,
+                                              BLOCK_N=bn, BLOCK_K=bk, DEDUP=DEDUP, NP=np_, num_warps=nw,
                                               num_stages=ns, **cuda_launch.flags(x.device))
     y = torch.empty(n, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
     _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, n, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
-                                        DEDUP=dedup, NP=np_, num_warps=nw, num_stages=ns,
+                                        DEDUP=DEDUP, NP=np_, num_warps=nw, num_stages=ns,
                                         **cuda_launch.flags(act.device))
     return y
 
