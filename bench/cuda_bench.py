@@ -9,7 +9,6 @@ arms interleaved within a round):
   overhead   one exact (padded) decode row against the same row through plain cuBLAS/SDPA
   pdl        the same graphed forwards (1 and 4 rows) captured with programmatic dependent
              launch on and off (verispec/ops/cuda_launch.py), interleaved
-  dedup      the same, with each expert's weights read once per launch (cuda_moe.DEDUP) and not
   fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on and each one off
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
@@ -291,13 +290,13 @@ FUSIONS = ("LOGITS_IN_PRODUCT",)
 
 def _launch_options():
     """A function that puts the kernels' launch options (PDL, the fusions) back as they are now."""
-    from verispec.ops import cuda_fusions, cuda_launch, cuda_moe
+    from verispec.ops import cuda_fusions, cuda_launch
 
-    pdl_on, dedup_on = cuda_launch.enabled, cuda_moe.DEDUP
+    pdl_on = cuda_launch.enabled
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
-        cuda_launch.enabled, cuda_moe.DEDUP = pdl_on, dedup_on
+        cuda_launch.enabled = pdl_on
         for f, v in fused.items():
             setattr(cuda_fusions, f, v)
     return restore
@@ -318,15 +317,6 @@ def fusions(eng: Engine, rounds: int) -> None:
     def only_off(*off):
         return lambda: [setattr(cuda_fusions, f, f not in off) for f in FUSIONS]
     graph_arms(eng, rounds, "fusions", {"all_on": only_off(), **{f"{f.lower()}_off": only_off(f) for f in FUSIONS}})
-
-
-def dedup(eng: Engine, rounds: int, key: str = "dedup") -> None:
-    """An expert's pairs read its weights once (cuda_moe.DEDUP) against one program per pair;
-    the bits must not move."""
-    from verispec.ops import cuda_moe
-
-    graph_arms(eng, rounds, key, {"dedup_off": lambda: setattr(cuda_moe, "DEDUP", False),
-                                      "dedup_on": lambda: setattr(cuda_moe, "DEDUP", True)})
 
 
 def spec(eng: Engine, n: int, rounds: int, key: str) -> None:
@@ -392,7 +382,6 @@ def main() -> int:
              ("overhead", lambda: overhead(eng, ck, 4 * a.rounds + 4)),
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
-             ("dedup", lambda: dedup(eng, 4 * a.rounds + 4)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:
         if name in sections:
@@ -402,17 +391,14 @@ def main() -> int:
                 RESULTS[f"{name}_error"] = repr(e)
                 log(f"[{name}] FAILED: {e!r}")
             save()
-    if "spec" in sections or "dedup" in sections:
+    if "spec" in sections:
         del eng, ck, steps
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
         try:
             eng, ck = build(a.preset, a.layers, "correlated", 2, graphs=not a.eager)
-            if "dedup" in sections:
-                dedup(eng, 4 * a.rounds + 4, key="dedup_correlated")
-            if "spec" in sections:
-                verify(eng, a.rounds, bw, key="verify_correlated")
-                spec(eng, a.tokens, a.rounds, "spec_correlated")
+            verify(eng, a.rounds, bw, key="verify_correlated")
+            spec(eng, a.tokens, a.rounds, "spec_correlated")
         except Exception as e:
             RESULTS["correlated_error"] = repr(e)
             log(f"[correlated] FAILED: {e!r}")

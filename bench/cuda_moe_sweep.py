@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -53,9 +52,8 @@ def main() -> int:
                 continue
             try:
                 t = graph_us([lambda: cuda_moe._gate_up_act[(rows * K, INTER // bn)](
-                    x, gu, next(it), act, 0, rows * K, INTER, H, TOP_K=K, E=E, BLOCK_N=bn, BLOCK_K=bk,
-                    DEDUP=cuda_moe.DEDUP, NP=triton.next_power_of_2(16 * K), num_warps=nw, num_stages=ns,
-                    PDL=False)])
+                    x, gu, next(it), act, 0, INTER, H, TOP_K=K, E=E, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw,
+                    num_stages=ns, PDL=False)])
                 res["gate_up"].append({"rows": rows, "cfg": [bn, bk, nw, ns], "us": t, "TBps": gu_bytes / t / 1e6})
             except Exception as e:   # out of shared memory and the like: not a candidate
                 print("gate_up", bn, bk, nw, ns, type(e).__name__, flush=True)
@@ -63,8 +61,8 @@ def main() -> int:
                 continue
             try:
                 t = graph_us([lambda: cuda_moe._down_pair[(rows * K, H // bn)](
-                    act, dn, next(it), y, 0, rows * K, H, INTER, E=E, BLOCK_N=bn, BLOCK_K=bk, DEDUP=cuda_moe.DEDUP,
-                    NP=triton.next_power_of_2(16 * K), num_warps=nw, num_stages=ns, PDL=False)])
+                    act, dn, next(it), y, 0, H, INTER, E=E, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns,
+                    PDL=False)])
                 res["down"].append({"rows": rows, "cfg": [bn, bk, nw, ns], "us": t, "TBps": dn_bytes / t / 1e6})
             except Exception as e:
                 print("down", bn, bk, nw, ns, type(e).__name__, flush=True)

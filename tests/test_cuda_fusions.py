@@ -11,7 +11,7 @@ from model_fixtures import REPEAT_PROMPT  # noqa: E402
 
 from verispec.engine import Engine  # noqa: E402
 from verispec.execution import Execution  # noqa: E402
-from verispec.ops import cuda_fusions, cuda_gemv, cuda_moe  # noqa: E402
+from verispec.ops import cuda_fusions, cuda_gemv  # noqa: E402
 from verispec.random_model import preset_config, random_checkpoint  # noqa: E402
 
 BF = torch.bfloat16
@@ -54,31 +54,3 @@ def test_model_with_fusions_equals_without(fusions_restored):
         assert torch.equal(ones, many), on
         out[on] = (ones, many)
     assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][1], out[False][1])
-
-
-@pytest.fixture
-def dedup_restored():
-    kept = cuda_moe.DEDUP
-    yield
-    cuda_moe.DEDUP = kept
-
-
-def test_expert_pairs_read_once_give_the_same_bits(dedup_restored):
-    """Experts' pairs done by the first pair's program (cuda_moe.DEDUP) against one program
-    per pair: equal bit for bit, with rows sharing routed experts and the shared expert, and
-    every row count against the full launch."""
-    e, inter, h, k = 256, 512, 2048, 8
-    gu, dn = _rand(e, 2 * inter, h) * h ** -0.5, _rand(e, h, inter) * inter ** -0.5
-    sgu, sdn = _rand(2 * inter, h) * h ** -0.5, _rand(h, inter) * inter ** -0.5
-    x = _rand(16, h)
-    g = torch.Generator().manual_seed(5)
-    ids = torch.stack([torch.randperm(24, generator=g)[:k] for _ in range(16)])      # 24 experts: many shared
-    ids = torch.cat([ids, torch.full((16, 1), e)], 1).to(torch.int32).cuda()
-    out = {}
-    for dedup in (False, True):
-        cuda_moe.DEDUP = dedup
-        out[dedup] = cuda_moe._pairs(x, ids.reshape(-1), gu, dn, k + 1, sgu, sdn)
-    assert torch.equal(out[True], out[False])
-    for m in (1, 2, 3, 5, 8, 16):
-        got = cuda_moe._pairs(x[:m], ids[:m].reshape(-1).contiguous(), gu, dn, k + 1, sgu, sdn)
-        assert torch.equal(got, out[True][:m * (k + 1)]), m

@@ -30,18 +30,14 @@ except ImportError:  # pragma: no cover - depends on the install
 
 if triton is not None:
     @triton.jit
-    def _first_of_expert(ids_ptr, pair, e, n_pairs, NP: tl.constexpr):
-        """Whether `pair` is the first of the launch's pairs (in pair order) routed to expert e:
-        that pair's program does every pair of e (see _gate_up_act)."""
-        offs = tl.arange(0, NP)
-        ids = tl.load(ids_ptr + offs, mask=offs < n_pairs, other=-1)
-        return tl.min(tl.where(ids == e, offs, NP), 0) == pair
-
-    @triton.jit
-    def _gate_up_one(x_ptr, w_ptr, act_ptr, e, pair, nb, sh_off, I: tl.constexpr, H: tl.constexpr,
-                     TOP_K: tl.constexpr, E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """act[pair, block nb] = silu(W_g[e] . x_row) * (W_u[e] . x_row), row = pair // TOP_K."""
-        e = e.to(tl.int64)
+    def _gate_up_act(x_ptr, w_ptr, ids_ptr, act_ptr, sh_off, I: tl.constexpr, H: tl.constexpr, TOP_K: tl.constexpr,
+                     E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
+        pair = tl.program_id(0)
+        nb = tl.program_id(1)
+        e = tl.load(ids_ptr + pair).to(tl.int64)
         row = pair // TOP_K
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < I
@@ -67,35 +63,15 @@ if triton is not None:
         act = g_sum * tl.sigmoid(g_sum) * u_sum
         tl.store(act_ptr + pair * I + offs_n, act.to(act_ptr.dtype.element_ty), mask=n_ok)
 
-    # n_pairs unspecialised: a launch of 1 pair must run the code a launch of many runs
-    @triton.jit(do_not_specialize=["n_pairs"])
-    def _gate_up_act(x_ptr, w_ptr, ids_ptr, act_ptr, sh_off, n_pairs, I: tl.constexpr, H: tl.constexpr,
-                     TOP_K: tl.constexpr, E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     DEDUP: tl.constexpr, NP: tl.constexpr, PDL: tl.constexpr):
-        """Program (pair, nb). DEDUP: only the first pair of each expert's programs work, doing
-        all that expert's pairs one after another, so the expert's weights come from DRAM once
-        and from L2 for its other rows (a verify's rows share the shared expert and often
-        routed ones); every pair still runs _gate_up_one alone, so its bits are the same."""
+    @triton.jit
+    def _down_pair(act_ptr, w_ptr, ids_ptr, y_ptr, sh_off, H: tl.constexpr, I: tl.constexpr, E: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
         pair = tl.program_id(0)
         nb = tl.program_id(1)
-        e = tl.load(ids_ptr + pair)
-        if DEDUP:
-            # the first pair of its expert walks the pairs after it; any other has nothing to do
-            end = pair + (n_pairs - pair) * _first_of_expert(ids_ptr, pair, e, n_pairs, NP).to(tl.int32)
-            for q in range(pair, end):
-                if tl.load(ids_ptr + q) == e:
-                    _gate_up_one(x_ptr, w_ptr, act_ptr, e, q, nb, sh_off, I, H, TOP_K, E, BLOCK_N, BLOCK_K)
-        else:
-            _gate_up_one(x_ptr, w_ptr, act_ptr, e, pair, nb, sh_off, I, H, TOP_K, E, BLOCK_N, BLOCK_K)
-
-    @triton.jit
-    def _down_one(act_ptr, w_ptr, y_ptr, e, pair, nb, sh_off, H: tl.constexpr, I: tl.constexpr, E: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """y[pair, block nb] = W_d[e] . act[pair] (fp32)."""
-        e = e.to(tl.int64)
+        e = tl.load(ids_ptr + pair).to(tl.int64)
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < H
         w_rows = w_ptr + tl.where(e == E, sh_off, e * H * I) + offs_n[:, None].to(tl.int64) * I
@@ -107,26 +83,6 @@ if triton is not None:
             wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
             acc += wv * av[None, :]
         tl.store(y_ptr + pair * H + offs_n, tl.sum(acc, axis=1), mask=n_ok)
-
-    @triton.jit(do_not_specialize=["n_pairs"])
-    def _down_pair(act_ptr, w_ptr, ids_ptr, y_ptr, sh_off, n_pairs, H: tl.constexpr, I: tl.constexpr,
-                   E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DEDUP: tl.constexpr,
-                   NP: tl.constexpr, PDL: tl.constexpr):
-        """Program (pair, nb); DEDUP as in _gate_up_act."""
-        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
-            gdc_wait()
-            gdc_launch_dependents()
-        pair = tl.program_id(0)
-        nb = tl.program_id(1)
-        e = tl.load(ids_ptr + pair)
-        if DEDUP:
-            # the first pair of its expert walks the pairs after it; any other has nothing to do
-            end = pair + (n_pairs - pair) * _first_of_expert(ids_ptr, pair, e, n_pairs, NP).to(tl.int32)
-            for q in range(pair, end):
-                if tl.load(ids_ptr + q) == e:
-                    _down_one(act_ptr, w_ptr, y_ptr, e, q, nb, sh_off, H, I, E, BLOCK_N, BLOCK_K)
-        else:
-            _down_one(act_ptr, w_ptr, y_ptr, e, pair, nb, sh_off, H, I, E, BLOCK_N, BLOCK_K)
 
     @triton.jit
     def _combine(y_ptr, wt_ptr, extra_ptr, gate_ptr, gate_stride, out_ptr, res_ptr, nw_ptr, s_ptr, eps,
@@ -255,9 +211,6 @@ if triton is not None:
 # (BLOCK_N, BLOCK_K, num_warps, num_stages) per kernel; fixed, never autotuned (a tuner choosing
 # by row count would change the reduction order with it). Chosen on the H200 by
 # bench/cuda_moe_sweep.py (docs/cuda.md).
-# DEDUP: an expert's pairs are done by one program per output block, its weights read from DRAM
-# once per launch (the same bits either way; bench/cuda_bench.py --sections dedup measures it)
-DEDUP = True
 CONFIG = {"gate_up": (8, 512, 4, 3), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),
           "combine_norm": 32, "route": 1}   # the last two: warps (bench/cuda_small_sweep.py)
 
@@ -321,22 +274,15 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
     n = ids.numel()
     gu_off = (shared_gu.data_ptr() - gu_all.data_ptr()) // gu_all.element_size() if shared_gu is not None else 0
     dn_off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size() if shared_down is not None else 0
-    if ids.dtype != torch.int32 or not ids.is_contiguous():
-        raise ValueError("expert ids: contiguous int32")
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
-    # NP: a fixed width for the ids every program scans (never the launch's own count)
-    np_ = triton.next_power_of_2(16 * pairs_per_row)
-    if n > np_:
-        raise ValueError(f"{n} expert pairs: at most 16 rows")
     bn, bk, nw, ns = CONFIG["gate_up"]
-    _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, n, inter, h, TOP_K=pairs_per_row, E=e,
-                                              BLOCK_N=bn, BLOCK_K=bk, DEDUP=DEDUP, NP=np_, num_warps=nw,
-                                              num_stages=ns, **cuda_launch.flags(x.device))
+    _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, inter, h, TOP_K=pairs_per_row, E=e,
+                                              BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns,
+                                              **cuda_launch.flags(x.device))
     y = torch.empty(n, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
-    _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, n, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
-                                        DEDUP=DEDUP, NP=np_, num_warps=nw, num_stages=ns,
-                                        **cuda_launch.flags(act.device))
+    _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
+                                        num_warps=nw, num_stages=ns, **cuda_launch.flags(act.device))
     return y
 
 
