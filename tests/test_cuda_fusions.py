@@ -27,7 +27,7 @@ def test_logits_stored_wide_equal_the_bf16_product_widened():
         got = cuda_gemv.linear_rows(hx[:m], w, out_dtype=torch.float32)
         assert got.dtype == torch.float32 and torch.equal(got, cuda_gemv.linear_rows(hx[:m], w).float()), m
     with pytest.raises(ValueError, match="unsplit"):
-        cuda_gemv.linear_rows(hx, _rand(2048, 4096), partials=True, out_dtype=torch.float32)
+        cuda_gemv.linear_rows(_rand(16, 4096), _rand(2048, 4096), partials=True, out_dtype=torch.float32)
 
 
 @pytest.fixture
