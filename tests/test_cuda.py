@@ -101,7 +101,7 @@ def test_add_norm_kernel_equals_add_then_norm():
     # (4 warps), so y may round apart from row_norm's by one bf16 step on some data (seen on the
     # H200, 2026-12-01: equal for one draw of x, h, not for another): within one step, not equal
     ref = cuda_norms.row_norm(x + h, cuda_norms.ZC, 1e-6, w).float()
-    assert ((y.float() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-6).all()
+    assert ((y.float() - ref).abs() <= ref.abs() * 2 ** -7 + 1e-6).all()     # one step: at most 2^-7 of |y|
     _batched_invariant(lambda a, b: torch.cat(cuda_norms.add_row_norm(a, b, w, 1e-6), -1), x, h)
 
 
