@@ -6,7 +6,7 @@ events on the 35B-A3B expert shapes (256 experts, 2048 x 512, top-8), 1 and 4 ro
 ids cycling through 32 random sets (calls captured in a CUDA graph: GPU time, not Python's launches) so the weights come from HBM, not L2. Prints the best few
 per kernel and the bandwidth they reach (expert bytes read / time).
 
-  python3 bench/cuda_moe_sweep.py --out $OUT
+  python3 bench/cuda_moe_sweep.py --out $OUT [--wide]
 """
 
 from __future__ import annotations
@@ -32,7 +32,13 @@ E, H, INTER, K = 256, 2048, 512, 8
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    ap.add_argument("--wide", action="store_true",
+                    help="narrower output blocks (4), longer K blocks (up to all of K) and 16 warps too")
     a = ap.parse_args()
+    if a.wide:
+        cands = list(itertools.product((4, 8, 16), (128, 256, 512, 1024, 2048), (4, 8, 16), (1, 3)))
+    else:
+        cands = list(itertools.product((8, 16, 32, 64), (128, 256, 512), (4, 8), (1, 3)))
     torch.manual_seed(0)
     bf = torch.bfloat16
     gu = (torch.randn(E, 2 * INTER, H, device="cuda") * H ** -0.5).to(bf)
@@ -47,7 +53,7 @@ def main() -> int:
         it = itertools.cycle(sets)
         gu_bytes = rows * K * 2 * INTER * H * 2
         dn_bytes = rows * K * H * INTER * 2
-        for bn, bk, nw, ns in itertools.product((8, 16, 32, 64), (128, 256, 512), (4, 8), (1, 3)):
+        for bn, bk, nw, ns in cands:
             if bn * bk > 32768:
                 continue
             try:
@@ -86,7 +92,7 @@ def main() -> int:
         now = [r for r in res[kern] if r["cfg"] == list(cur)]
         print(f"{kern}: the configured {list(cur)}: " + "; ".join(f"{r['rows']} row(s) {r['us']:.1f} us" for r in now))
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    with open(Path(a.out) / "cuda_moe_sweep.json", "w") as f:
+    with open(Path(a.out) / ("cuda_moe_sweep_wide.json" if a.wide else "cuda_moe_sweep.json"), "w") as f:
         json.dump(res, f, indent=1)
     return 0
 
