@@ -9,6 +9,7 @@ arms interleaved within a round):
   overhead   one exact (padded) decode row against the same row through plain cuBLAS/SDPA
   pdl        the same graphed forwards (1 and 4 rows) captured with programmatic dependent
              launch on and off (verispec/ops/cuda_launch.py), interleaved
+  gate_up    the same, with the expert gate/up kernel's blocks as configured and as the candidates
   fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on and each one off
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
@@ -292,11 +293,14 @@ def _launch_options():
     """A function that puts the kernels' launch options (PDL, the fusions) back as they are now."""
     from verispec.ops import cuda_fusions, cuda_launch
 
-    pdl_on = cuda_launch.enabled
+    from verispec.ops import cuda_moe
+
+    pdl_on, moe_cfg = cuda_launch.enabled, dict(cuda_moe.CONFIG)
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
         cuda_launch.enabled = pdl_on
+        cuda_moe.CONFIG.update(moe_cfg)
         for f, v in fused.items():
             setattr(cuda_fusions, f, v)
     return restore
@@ -317,6 +321,21 @@ def fusions(eng: Engine, rounds: int) -> None:
     def only_off(*off):
         return lambda: [setattr(cuda_fusions, f, f not in off) for f in FUSIONS]
     graph_arms(eng, rounds, "fusions", {"all_on": only_off(), **{f"{f.lower()}_off": only_off(f) for f in FUSIONS}})
+
+
+GATE_UP_ARMS = [(4, 128, 8, 3), (8, 256, 16, 3), (4, 1024, 8, 1)]   # the best of cuda_moe_sweep.py --wide
+
+
+def gate_up(eng: Engine, rounds: int) -> None:
+    """The expert gate/up kernel's configured blocks against the candidates GATE_UP_ARMS, in the
+    whole graphed forward (another K block sums in another order: the logits may differ)."""
+    from verispec.ops import cuda_moe
+
+    def use(cfg):
+        return lambda: cuda_moe.CONFIG.__setitem__("gate_up", cfg)
+    arms = {f"configured {list(cuda_moe.CONFIG['gate_up'])}": use(cuda_moe.CONFIG["gate_up"])}
+    arms.update({str(list(c)): use(c) for c in GATE_UP_ARMS})
+    graph_arms(eng, rounds, "gate_up", arms)
 
 
 def spec(eng: Engine, n: int, rounds: int, key: str) -> None:
@@ -382,6 +401,7 @@ def main() -> int:
              ("overhead", lambda: overhead(eng, ck, 4 * a.rounds + 4)),
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
+             ("gate_up", lambda: gate_up(eng, 4 * a.rounds + 4)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:
         if name in sections:
