@@ -323,7 +323,8 @@ def fusions(eng: Engine, rounds: int) -> None:
     graph_arms(eng, rounds, "fusions", {"all_on": only_off(), **{f"{f.lower()}_off": only_off(f) for f in FUSIONS}})
 
 
-GATE_UP_ARMS = [(4, 128, 8, 3), (8, 256, 16, 3), (4, 1024, 8, 1)]   # the best of cuda_moe_sweep.py --wide
+# the best of cuda_moe_sweep.py --wide, and the configuration before it
+GATE_UP_ARMS = [(4, 128, 8, 3), (8, 256, 16, 3), (8, 512, 4, 3)]
 
 
 def gate_up(eng: Engine, rounds: int) -> None:
