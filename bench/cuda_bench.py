@@ -10,6 +10,7 @@ arms interleaved within a round):
   pdl        the same graphed forwards (1 and 4 rows) captured with programmatic dependent
              launch on and off (verispec/ops/cuda_launch.py), interleaved
   gate_up    the same, with the expert gate/up kernel's blocks as configured and as the candidates
+  down       the same for the expert down kernel
   fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on and each one off
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
@@ -323,20 +324,22 @@ def fusions(eng: Engine, rounds: int) -> None:
     graph_arms(eng, rounds, "fusions", {"all_on": only_off(), **{f"{f.lower()}_off": only_off(f) for f in FUSIONS}})
 
 
-# the best of cuda_moe_sweep.py --wide, and the configuration before it
-GATE_UP_ARMS = [(4, 128, 8, 3), (8, 256, 16, 3), (8, 512, 4, 3)]
+# candidates for the expert kernels' blocks: the best of cuda_moe_sweep.py --wide, and gate/up's
+# configuration before it
+MOE_ARMS = {"gate_up": [(4, 128, 8, 3), (8, 256, 16, 3), (8, 512, 4, 3)],
+            "down": [(16, 128, 16, 3), (16, 256, 16, 1), (4, 256, 4, 1)]}
 
 
-def gate_up(eng: Engine, rounds: int) -> None:
-    """The expert gate/up kernel's configured blocks against the candidates GATE_UP_ARMS, in the
+def moe_blocks(eng: Engine, rounds: int, kernel: str) -> None:
+    """An expert kernel's configured blocks against the candidates MOE_ARMS[kernel], in the
     whole graphed forward (another K block sums in another order: the logits may differ)."""
     from verispec.ops import cuda_moe
 
     def use(cfg):
-        return lambda: cuda_moe.CONFIG.__setitem__("gate_up", cfg)
-    arms = {f"configured {list(cuda_moe.CONFIG['gate_up'])}": use(cuda_moe.CONFIG["gate_up"])}
-    arms.update({str(list(c)): use(c) for c in GATE_UP_ARMS})
-    graph_arms(eng, rounds, "gate_up", arms)
+        return lambda: cuda_moe.CONFIG.__setitem__(kernel, cfg)
+    arms = {f"configured {list(cuda_moe.CONFIG[kernel])}": use(cuda_moe.CONFIG[kernel])}
+    arms.update({str(list(c)): use(c) for c in MOE_ARMS[kernel]})
+    graph_arms(eng, rounds, kernel, arms)
 
 
 def spec(eng: Engine, n: int, rounds: int, key: str) -> None:
@@ -402,7 +405,8 @@ def main() -> int:
              ("overhead", lambda: overhead(eng, ck, 4 * a.rounds + 4)),
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
-             ("gate_up", lambda: gate_up(eng, 4 * a.rounds + 4)),
+             ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
+             ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:
         if name in sections:
