@@ -11,6 +11,7 @@ arms interleaved within a round):
              launch on and off (verispec/ops/cuda_launch.py), interleaved
   gate_up    the same, with the expert gate/up kernel's blocks as configured and as the candidates
   down       the same for the expert down kernel
+  gemv       the same for the largest decode products' blocks (GEMV_ARMS)
   fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on and each one off
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
@@ -342,6 +343,29 @@ def moe_blocks(eng: Engine, rounds: int, kernel: str) -> None:
     graph_arms(eng, rounds, kernel, arms)
 
 
+# candidates for the largest decode products' blocks (BLOCK_N, BLOCK_K, warps, stages[, split])
+GEMV_ARMS = {(2048, 12352): [(16, 128, 4, 4), (16, 256, 4, 4), (32, 256, 8, 4), (64, 128, 8, 4)],
+             (2048, 9216): [(16, 128, 4, 4), (16, 256, 4, 4), (32, 256, 8, 4), (64, 128, 8, 4)]}
+
+
+def gemv_blocks(eng: Engine, rounds: int) -> None:
+    """For each shape of GEMV_ARMS, the fixed-order product's configured blocks against the
+    candidates, in the whole graphed forward (the logits may differ: other K blocks)."""
+    from verispec.ops import cuda_gemv
+
+    for shape, cands in GEMV_ARMS.items():
+        now = cuda_gemv.CONFIG.get(shape, cuda_gemv.DEFAULT)
+
+        def use(cfg, shape=shape):
+            return lambda: cuda_gemv.CONFIG.__setitem__(shape, cfg)
+        arms = {f"configured {list(now)}": use(now)}
+        arms.update({str(list(c)): use(c) for c in cands})
+        try:
+            graph_arms(eng, rounds, f"gemv {shape[0]}x{shape[1]}", arms)
+        finally:
+            cuda_gemv.CONFIG[shape] = now
+
+
 def spec(eng: Engine, n: int, rounds: int, key: str) -> None:
     plain_arm = settings(n)
     rates = {"plain": [], "mtp2_bernoulli": [], "mtp1_bernoulli": []}
@@ -407,6 +431,7 @@ def main() -> int:
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
+             ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:
         if name in sections:
