@@ -12,6 +12,8 @@ arms interleaved within a round):
   gate_up    the same, with the expert gate/up kernel's blocks as configured and as the candidates
   down       the same for the expert down kernel
   gemv       the same for the largest decode products' blocks (GEMV_ARMS)
+  undo       the copy of a kept row's slot into the live state (a rejection's undo), per layer
+             against one multi-tensor copy
   fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on and each one off
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
@@ -366,6 +368,34 @@ def gemv_blocks(eng: Engine, rounds: int) -> None:
             cuda_gemv.CONFIG[shape] = now
 
 
+def undo(eng: Engine, rounds: int) -> None:
+    """The undo after a rejected draft under CUDA graphs (State.commit with copy_commit): the
+    kept row's copy slot copied into the live state, every layer, as one multi-tensor copy
+    (RecurrentState.copy_from) against two copies per layer; synchronised, interleaved."""
+    m = eng.model
+    st = m.new_state(len(PROMPT) + 16)
+    m.forward(PROMPT, st)
+    st.ensure_slots(1)
+    slot, live = st.slots[0], st.recurrent
+    n = len(live.conv)
+
+    def per_layer():
+        for layer in range(n):
+            live.copy_layer_from(slot, layer)
+    times = {"per_layer": [], "one_launch": []}
+    for r in range(-2, rounds):
+        for k, fn in (("per_layer", per_layer), ("one_launch", lambda: live.copy_from(slot))):
+            t = sync_time(fn)
+            if r >= 0:
+                times[k].append(t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    nbytes = sum(t.numel() * t.element_size() for t in live.conv + live.rec)
+    RESULTS["undo"] = {"ms": {k: v * 1e3 for k, v in med.items()}, "bytes": nbytes, "layers": n, "times": times}
+    log(f"[undo] {n} DeltaNet layers, {nbytes / 1e6:.1f} MB: per layer {med['per_layer'] * 1e3:.3f} ms "
+        f"[{min(times['per_layer']) * 1e3:.3f}-{max(times['per_layer']) * 1e3:.3f}], one launch "
+        f"{med['one_launch'] * 1e3:.3f} ms [{min(times['one_launch']) * 1e3:.3f}-{max(times['one_launch']) * 1e3:.3f}]")
+
+
 def spec(eng: Engine, n: int, rounds: int, key: str) -> None:
     plain_arm = settings(n)
     rates = {"plain": [], "mtp2_bernoulli": [], "mtp1_bernoulli": []}
@@ -432,6 +462,7 @@ def main() -> int:
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),
+             ("undo", lambda: undo(eng, 10 * a.rounds)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:
         if name in sections:

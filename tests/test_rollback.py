@@ -15,8 +15,11 @@ def _same_state(a, b):
             assert torch.equal(x, y), key
 
 
+@pytest.mark.parametrize("copy_commit", [False, True])
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_moe"])
-def test_rejection_at_every_row_restores_plain_state(family):
+def test_rejection_at_every_row_restores_plain_state(family, copy_commit):
+    """copy_commit (as under CUDA graphs): the kept row's slot is copied into the live state's
+    own tensors, which must stay the same tensors."""
     model = engine(family, 0).model
     g = torch.Generator().manual_seed(7)
     prompt = torch.randint(0, model.args.vocab_size, (9,), generator=g).tolist()
@@ -28,14 +31,18 @@ def test_rejection_at_every_row_restores_plain_state(family):
             for t in true[:keep]:
                 model.forward([t], plain)
             spec = model.new_state(32)
+            spec.copy_commit = copy_commit
             model.forward(prompt, spec)
             assert spec.ensure_slots(rows - 1)
+            live = [t.data_ptr() for t in spec.recurrent.conv + spec.recurrent.rec]
             # rows that stand are the true tokens; the rest are wrong drafts
             fed = true[:keep] + [(t + 1) % model.args.vocab_size for t in true[keep:rows]]
             start = spec.kv_len
             out = model.forward(fed, spec, save_slots=True)
             spec.commit(start, rows, keep)
             _same_state(spec, plain)
+            if copy_commit:
+                assert [t.data_ptr() for t in spec.recurrent.conv + spec.recurrent.rec] == live
             # and the next step from the restored state gives plain decoding's bits
             nxt = true[keep] if keep < len(true) else 3
             assert torch.equal(model.forward([nxt], spec).logits, model.forward([nxt], plain).logits)
