@@ -382,18 +382,29 @@ def undo(eng: Engine, rounds: int) -> None:
     def per_layer():
         for layer in range(n):
             live.copy_layer_from(slot, layer)
-    times = {"per_layer": [], "one_launch": []}
+    def by_dtype():
+        torch._foreach_copy_(live.conv, slot.conv)
+        torch._foreach_copy_(live.rec, slot.rec)
+    g = torch.cuda.CUDAGraph() if DEVICE == "cuda" else None
+    if g is not None:
+        live.copy_from(slot)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            live.copy_from(slot)
+    arms = [("per_layer", per_layer), ("one_launch", lambda: live.copy_from(slot)), ("by_dtype", by_dtype)]
+    if g is not None:
+        arms.append(("graph", g.replay))
+    times = {k: [] for k, _ in arms}
     for r in range(-2, rounds):
-        for k, fn in (("per_layer", per_layer), ("one_launch", lambda: live.copy_from(slot))):
+        for k, fn in arms:
             t = sync_time(fn)
             if r >= 0:
                 times[k].append(t)
     med = {k: statistics.median(v) for k, v in times.items()}
     nbytes = sum(t.numel() * t.element_size() for t in live.conv + live.rec)
     RESULTS["undo"] = {"ms": {k: v * 1e3 for k, v in med.items()}, "bytes": nbytes, "layers": n, "times": times}
-    log(f"[undo] {n} DeltaNet layers, {nbytes / 1e6:.1f} MB: per layer {med['per_layer'] * 1e3:.3f} ms "
-        f"[{min(times['per_layer']) * 1e3:.3f}-{max(times['per_layer']) * 1e3:.3f}], one launch "
-        f"{med['one_launch'] * 1e3:.3f} ms [{min(times['one_launch']) * 1e3:.3f}-{max(times['one_launch']) * 1e3:.3f}]")
+    log(f"[undo] {n} DeltaNet layers, {nbytes / 1e6:.1f} MB: " + "; ".join(
+        f"{k} {med[k] * 1e3:.3f} ms [{min(v) * 1e3:.3f}-{max(v) * 1e3:.3f}]" for k, v in times.items()))
 
 
 def spec(eng: Engine, n: int, rounds: int, key: str) -> None:
