@@ -13,7 +13,7 @@ arms interleaved within a round):
   down       the same for the expert down kernel
   gemv       the same for the largest decode products' blocks (GEMV_ARMS)
   undo       the copy of a kept row's slot into the live state (a rejection's undo), per layer
-             against one multi-tensor copy
+             against multi-tensor copies
   fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on and each one off
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
@@ -370,8 +370,9 @@ def gemv_blocks(eng: Engine, rounds: int) -> None:
 
 def undo(eng: Engine, rounds: int) -> None:
     """The undo after a rejected draft under CUDA graphs (State.commit with copy_commit): the
-    kept row's copy slot copied into the live state, every layer, as one multi-tensor copy
-    (RecurrentState.copy_from) against two copies per layer; synchronised, interleaved."""
+    kept row's copy slot copied into the live state, every layer: two copies per layer, one
+    multi-tensor copy of the mixed-dtype list, one per dtype (RecurrentState.copy_from), and
+    the latter replayed from a CUDA graph; synchronised, interleaved."""
     m = eng.model
     st = m.new_state(len(PROMPT) + 16)
     m.forward(PROMPT, st)
@@ -391,7 +392,9 @@ def undo(eng: Engine, rounds: int) -> None:
         torch.cuda.synchronize()
         with torch.cuda.graph(g):
             live.copy_from(slot)
-    arms = [("per_layer", per_layer), ("one_launch", lambda: live.copy_from(slot)), ("by_dtype", by_dtype)]
+    def mixed():
+        torch._foreach_copy_(live.conv + live.rec, slot.conv + slot.rec)
+    arms = [("per_layer", per_layer), ("one_launch", mixed), ("by_dtype", by_dtype)]
     if g is not None:
         arms.append(("graph", g.replay))
     times = {k: [] for k, _ in arms}
