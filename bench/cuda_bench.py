@@ -295,9 +295,7 @@ FUSIONS = ("LOGITS_IN_PRODUCT",)
 
 def _launch_options():
     """A function that puts the kernels' launch options (PDL, the fusions) back as they are now."""
-    from verispec.ops import cuda_fusions, cuda_launch
-
-    from verispec.ops import cuda_moe
+    from verispec.ops import cuda_fusions, cuda_launch, cuda_moe
 
     pdl_on, moe_cfg = cuda_launch.enabled, dict(cuda_moe.CONFIG)
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
@@ -383,18 +381,17 @@ def undo(eng: Engine, rounds: int) -> None:
     def per_layer():
         for layer in range(n):
             live.copy_layer_from(slot, layer)
-    def by_dtype():
-        torch._foreach_copy_(live.conv, slot.conv)
-        torch._foreach_copy_(live.rec, slot.rec)
+
+    def mixed():
+        torch._foreach_copy_(live.conv + live.rec, slot.conv + slot.rec)
+
+    arms = [("per_layer", per_layer), ("one_launch", mixed), ("by_dtype", lambda: live.copy_from(slot))]
     g = torch.cuda.CUDAGraph() if DEVICE == "cuda" else None
     if g is not None:
         live.copy_from(slot)
         torch.cuda.synchronize()
         with torch.cuda.graph(g):
             live.copy_from(slot)
-    def mixed():
-        torch._foreach_copy_(live.conv + live.rec, slot.conv + slot.rec)
-    arms = [("per_layer", per_layer), ("one_launch", mixed), ("by_dtype", by_dtype)]
     if g is not None:
         arms.append(("graph", g.replay))
     times = {k: [] for k, _ in arms}

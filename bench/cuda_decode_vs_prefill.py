@@ -10,65 +10,74 @@ Run with and without the fp32-logits fusion.
 
   python3 bench/cuda_decode_vs_prefill.py [LAYERS]
 """
+
+from __future__ import annotations
+
 import sys
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 import torch
-from verispec.engine import Engine
-from verispec.execution import Execution
-from verispec.models import qwen3_next as Q
-from verispec.random_model import preset_config, random_checkpoint
 
-PROMPT = [(i * 7919 + 13) % 4000 + 11 for i in range(64)]
-layers = int(sys.argv[1]) if len(sys.argv) > 1 else 8
-cfg = preset_config("qwen3.6-35b-a3b-shape", layers=layers)
-ck = random_checkpoint(cfg, seed=0, device="cuda", mtp=False)
-eng = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=False))
-m = eng.model
-rec = []
-orig_add_norm = Q.add_norm
-orig_moe = Q.Model.moe_add_norm
-
-
-def add_norm(x, h, w, eps, rp):
-    out = orig_add_norm(x, h, w, eps, rp)
-    rec.append(("add_norm", out[0][-1].float().clone(), out[1][-1].float().clone()))
-    return out
-
-
-def moe_add_norm(self, *a, **k):
-    out = orig_moe(self, *a, **k)
-    rec.append(("moe_add_norm", out[0][-1].float().clone(), out[1][-1].float().clone()))
-    return out
-
-
-Q.add_norm = add_norm
-Q.Model.moe_add_norm = moe_add_norm
-t = 82076
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cuda_vs_transformers import hf_model  # noqa: E402
-with torch.no_grad():
-    hf = hf_model(cfg, dict(ck.tensors))[0]
-    hl = hf(torch.tensor([PROMPT + [t]], device="cuda")).logits[0, -1].float()
-print("hf argmax", hl.argmax().item())
-for variant in ("plain", "no_logits_fusion"):
-  with torch.no_grad():
-      if variant == "no_logits_fusion":
-          from verispec.ops import cuda_fusions
-          cuda_fusions.LOGITS_IN_PRODUCT = False
-      st = m.new_state(128)
-      m.forward(PROMPT, st, exact=False)
-      rec.clear()
-      dec = m.forward([t], st, exact=True).logits[-1].float()
-      rec_dec = list(rec)
-      rec.clear()
-      st2 = m.new_state(128)
-      bat = m.forward(PROMPT + [t], st2, exact=False).logits[-1].float()
-      rec_bat = list(rec)
-      print(variant, "records", len(rec_dec), len(rec_bat))
-      for i, (a, b) in enumerate(zip(rec_dec, rec_bat)):
-          ex = (a[1] - b[1]).norm() / b[1].norm()
-          eh = (a[2] - b[2]).norm() / b[2].norm()
-          print(f"  {i:2d} layer {i // 2} {a[0]:>13s}/{b[0]:<9s} resid rel {ex:.2e}  normed rel {eh:.2e}")
-      print("  logits rel", ((dec - bat).norm() / bat.norm()).item(), "argmax", dec.argmax().item(), bat.argmax().item(),
-            "vs hf: dec", ((dec - hl).norm() / hl.norm()).item(), "bat", ((bat - hl).norm() / hl.norm()).item())
+
+from cuda_vs_transformers import PROMPT, hf_model  # noqa: E402
+from verispec.engine import Engine  # noqa: E402
+from verispec.execution import Execution  # noqa: E402
+from verispec.models import qwen3_next as Q  # noqa: E402
+from verispec.ops import cuda_fusions  # noqa: E402
+from verispec.random_model import preset_config, random_checkpoint  # noqa: E402
+
+TOKEN = 82076   # the first token both engines generate after PROMPT on this checkpoint
+
+
+def _recording(rec: list):
+    """Wrap the model's add + norm steps so each appends its last row (residual, normed)."""
+    add_norm, moe_add_norm = Q.add_norm, Q.Model.moe_add_norm
+
+    def add_norm_rec(x, h, w, eps, rp):
+        out = add_norm(x, h, w, eps, rp)
+        rec.append(("add_norm", out[0][-1].float(), out[1][-1].float()))
+        return out
+
+    def moe_add_norm_rec(self, *a, **k):
+        out = moe_add_norm(self, *a, **k)
+        rec.append(("moe_add_norm", out[0][-1].float(), out[1][-1].float()))
+        return out
+    Q.add_norm, Q.Model.moe_add_norm = add_norm_rec, moe_add_norm_rec
+
+
+def main() -> int:
+    layers = int(sys.argv[1]) if len(sys.argv) > 1 else 8
+    cfg = preset_config("qwen3.6-35b-a3b-shape", layers=layers)
+    ck = random_checkpoint(cfg, seed=0, device="cuda", mtp=False)
+    m = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=False)).model
+    with torch.no_grad():
+        hl = hf_model(cfg, dict(ck.tensors))[0](torch.tensor([PROMPT + [TOKEN]], device="cuda")).logits[0, -1].float()
+    print("transformers argmax", hl.argmax().item())
+    rec: list = []
+    _recording(rec)
+    for variant in ("fusions on", "fusions off"):
+        cuda_fusions.LOGITS_IN_PRODUCT = variant == "fusions on"
+        with torch.no_grad():
+            st = m.new_state(len(PROMPT) + 8)
+            m.forward(PROMPT, st, exact=False)
+            rec.clear()
+            dec = m.forward([TOKEN], st, exact=True).logits[-1].float()
+            rec_dec = list(rec)
+            rec.clear()
+            bat = m.forward(PROMPT + [TOKEN], m.new_state(len(PROMPT) + 8), exact=False).logits[-1].float()
+            rec_bat = list(rec)
+        print(variant, "records", len(rec_dec), len(rec_bat))
+        for i, (a, b) in enumerate(zip(rec_dec, rec_bat)):
+            ex = (a[1] - b[1]).norm() / b[1].norm()
+            eh = (a[2] - b[2]).norm() / b[2].norm()
+            print(f"  {i:2d} layer {i // 2} {a[0]:>13s}/{b[0]:<9s} resid rel {ex:.2e}  normed rel {eh:.2e}")
+        rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731
+        print(f"  logits rel {rel(dec, bat):.4f}, argmax {dec.argmax().item()} (decode) {bat.argmax().item()} "
+              f"(batched); against transformers: decode {rel(dec, hl):.4f}, batched {rel(bat, hl):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
