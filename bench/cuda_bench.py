@@ -12,6 +12,7 @@ arms interleaved within a round):
   gate_up    the same, with the expert gate/up kernel's blocks as configured and as the candidates
   down       the same for the expert down kernel
   gemv       the same for the largest decode products' blocks (GEMV_ARMS)
+  small      the same for the small kernels' warps and the recurrence's columns per program
   undo       the copy of a kept row's slot into the live state (a rejection's undo), per layer
              against multi-tensor copies
   fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on and each one off
@@ -295,14 +296,16 @@ FUSIONS = ("LOGITS_IN_PRODUCT",)
 
 def _launch_options():
     """A function that puts the kernels' launch options (PDL, the fusions) back as they are now."""
-    from verispec.ops import cuda_fusions, cuda_launch, cuda_moe
+    from verispec.ops import cuda_deltanet, cuda_fusions, cuda_launch, cuda_moe, cuda_norms
 
-    pdl_on, moe_cfg = cuda_launch.enabled, dict(cuda_moe.CONFIG)
+    pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
+    moe_cfg, warps = dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
-        cuda_launch.enabled = pdl_on
+        cuda_launch.enabled, cuda_deltanet.STEPS = pdl_on, steps
         cuda_moe.CONFIG.update(moe_cfg)
+        cuda_norms.WARPS.update(warps)
         for f, v in fused.items():
             setattr(cuda_fusions, f, v)
     return restore
@@ -364,6 +367,26 @@ def gemv_blocks(eng: Engine, rounds: int) -> None:
             graph_arms(eng, rounds, f"gemv {shape[0]}x{shape[1]}", arms)
         finally:
             cuda_gemv.CONFIG[shape] = now
+
+
+def small(eng: Engine, rounds: int) -> None:
+    """The small kernels' settings (chosen alone by bench/cuda_small_sweep.py) against a
+    neighbour each, in the whole graphed forward: the add + norm's and the combine's warps,
+    the recurrence's value columns per program. Each arm changes one setting."""
+    from verispec.ops import cuda_deltanet, cuda_moe, cuda_norms
+
+    base = (dict(cuda_norms.WARPS), dict(cuda_moe.CONFIG), cuda_deltanet.STEPS)
+
+    def arm(warps=None, moe=None, steps=None):
+        def set_():
+            cuda_norms.WARPS.update({**base[0], **(warps or {})})
+            cuda_moe.CONFIG.update({**base[1], **(moe or {})})
+            cuda_deltanet.STEPS = steps or base[2]
+        return set_
+    graph_arms(eng, rounds, "small", {"configured": arm(), "add_norm 8 warps": arm(warps={"add": 8}),
+                                      "combine_norm 16 warps": arm(moe={"combine_norm": 16}),
+                                      "recurrence (32, 2)": arm(steps=(32, 2)),
+                                      "recurrence (16, 4)": arm(steps=(16, 4))})
 
 
 def undo(eng: Engine, rounds: int) -> None:
@@ -473,6 +496,7 @@ def main() -> int:
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),
+             ("small", lambda: small(eng, 4 * a.rounds + 4)),
              ("undo", lambda: undo(eng, 10 * a.rounds)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:
