@@ -295,15 +295,18 @@ FUSIONS = ("LOGITS_IN_PRODUCT",)
 
 
 def _launch_options():
-    """A function that puts the kernels' launch options (PDL, the fusions) back as they are now."""
-    from verispec.ops import cuda_deltanet, cuda_fusions, cuda_launch, cuda_moe, cuda_norms
+    """A function that puts the kernels' launch options back as they are now: PDL, the fusions, the
+    products', expert and small kernels' settings and the recurrence's (the sections that vary them)."""
+    from verispec.ops import cuda_deltanet, cuda_fusions, cuda_gemv, cuda_launch, cuda_moe, cuda_norms
 
     pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
-    moe_cfg, warps = dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
+    gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
         cuda_launch.enabled, cuda_deltanet.STEPS = pdl_on, steps
+        cuda_gemv.CONFIG.clear()
+        cuda_gemv.CONFIG.update(gemv_cfg)
         cuda_moe.CONFIG.update(moe_cfg)
         cuda_norms.WARPS.update(warps)
         for f, v in fused.items():
@@ -363,10 +366,7 @@ def gemv_blocks(eng: Engine, rounds: int) -> None:
             return lambda: cuda_gemv.CONFIG.__setitem__(shape, cfg)
         arms = {f"configured {list(now)}": use(now)}
         arms.update({str(list(c)): use(c) for c in cands})
-        try:
-            graph_arms(eng, rounds, f"gemv {shape[0]}x{shape[1]}", arms)
-        finally:
-            cuda_gemv.CONFIG[shape] = now
+        graph_arms(eng, rounds, f"gemv {shape[0]}x{shape[1]}", arms)     # puts CONFIG back
 
 
 def small(eng: Engine, rounds: int) -> None:
