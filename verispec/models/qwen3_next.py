@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
-from ..ops import cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norms, cuda_slots
+from ..ops import cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norms, cuda_prefetch, cuda_slots
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -458,6 +458,10 @@ class Model:
             x, h = add_norm(x, h, norms[2 * i + 1], eps, rp)
             if isinstance(layer.mlp, MoE) and self._moe_kernels(layer.mlp, h, rp):
                 x, h = self.moe_add_norm(layer.mlp, h, x, norms[2 * i + 2], eps)
+                if cuda_prefetch.SITES["next"]:   # during the combine: the start of the next product's weights
+                    nxt = self.layers[i + 1].mixer if i + 1 < len(self.layers) else None
+                    w = self.lm_head if nxt is None else nxt.w_in if isinstance(nxt, LinearAttn) else nxt.w_qkv
+                    cuda_prefetch.prefetch(h.device, cuda_prefetch.span(w, cuda_prefetch.SITES["next"] << 20))
                 continue
             h = (self.moe(layer.mlp, h, lin, rp) if isinstance(layer.mlp, MoE)
                  else self.dense(layer.mlp, h, lin, rp))
@@ -535,6 +539,8 @@ class Model:
         o = cuda_deltanet.delta_steps(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec,
                                       rtab, a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
                                       out_dtype=h.dtype)
+        if cuda_prefetch.SITES["out"]:    # during the recurrence and the gated norm
+            cuda_prefetch.prefetch(h.device, m.out)
         z = proj[:, 2 * kd + vd:2 * kd + 2 * vd]
         o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, self.rows_exact)
         return (out_lin or lin)(o.reshape(rows, vd), m.out)
@@ -556,7 +562,8 @@ class Model:
             # two launches (verispec/ops/cuda_attention.py)
             self.rope.ensure(kc.shape[1])
             o = cuda_attention.gated_attention(lin(h, m.w_qkv), m.q_norm, m.k_norm, self.rope.cos, self.rope.sin,
-                                               pos, kc, vc, nh, a.rms_norm_eps)
+                                               pos, kc, vc, nh, a.rms_norm_eps,
+                                               prefetch=(m.out,) if cuda_prefetch.SITES["out"] else ())
             return (out_lin or lin)(o, m.out)
         if pos is not None:
             q, gate, k, v = self.qkv(m, h, pos, lin, rp, limit=kc.shape[1])
@@ -607,11 +614,14 @@ class Model:
         program reads one row (or one pair), so nothing depends on the row count."""
         e, si = m.n_experts, m.shared_inter
         router = m.pre[:e + 1 + (-(e + 1)) % 8]                 # router + shared gate rows, a view
+        shared_gu = m.pre[e + 1:e + 1 + 2 * si]
+        if cuda_prefetch.SITES["router"]:   # during the add + norm before: the router's and shared expert's weights
+            cuda_prefetch.prefetch(h.device, m.pre[:e + 1 + 2 * si], m.shared_down)
         split = cuda_gemv.splits(*reversed(router.shape))
         logits = cuda_gemv.linear_rows(h, router, partials=split)     # split: the partials, summed by the router
-        top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk)
-        return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si],
-                                         m.shared_down, x, norm_w, eps)
+        top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk, prefetch=(m.gu_all, shared_gu))
+        return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, shared_gu, m.shared_down, x, norm_w,
+                                         eps)
 
     def moe(self, m: MoE, h, lin, exact):
         exact = policy(exact)
