@@ -319,9 +319,9 @@ def _launch_options():
 
 
 # L2 prefetch arms (verispec/ops/cuda_prefetch.py): each site alone, then together
-PREFETCH_ARMS = {"off": {}, "out": {"out": True}, "router": {"router": True}, "experts": {"experts": True},
-                 "next16": {"next": 16}, "all": {"out": True, "router": True, "experts": True, "next": 16},
-                 "all_but_experts": {"out": True, "router": True, "next": 16}}
+PREFETCH_ARMS = {"off": {}, "out": {"out": True}, "router": {"router": True}, "down": {"down": True},
+                 "next16": {"next": 16}, "out_router": {"out": True, "router": True},
+                 "all": {"out": True, "router": True, "down": True, "next": 16}}
 
 
 def prefetch(eng: Engine, rounds: int) -> None:
@@ -330,7 +330,7 @@ def prefetch(eng: Engine, rounds: int) -> None:
 
     def use(on):
         def set_():
-            cuda_prefetch.SITES.update({"out": False, "router": False, "experts": False, "next": 0})
+            cuda_prefetch.SITES.update({"out": False, "router": False, "down": False, "next": 0})
             cuda_prefetch.SITES.update(on)
         return set_
     graph_arms(eng, rounds, "prefetch", {k: use(v) for k, v in PREFETCH_ARMS.items()})

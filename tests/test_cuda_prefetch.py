@@ -52,7 +52,7 @@ def test_model_with_prefetch_equals_without(sites_restored, graphs):
     ids = [3, 1, 4, 1, 5, 9]
     out = {}
     for on in (True, False):
-        cuda_prefetch.SITES.update(out=on, router=on, experts=on, next=16 if on else 0)
+        cuda_prefetch.SITES.update(out=on, router=on, down=on, next=16 if on else 0)
         eng = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=graphs))
         st1, stn = eng.model.new_state(64), eng.model.new_state(64)
         eng.model.forward(REPEAT_PROMPT, st1)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cuda_launch, cuda_prefetch
+from . import cuda_launch
 
 try:
     import triton
@@ -137,13 +137,12 @@ def usable(x: torch.Tensor) -> bool:
 
 def gated_attention(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cos: torch.Tensor,
                     sin: torch.Tensor, pos: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, nh: int, eps: float,
-                    block_l: int | None = None, parts: int | None = None, prefetch: tuple = ()) -> torch.Tensor:
+                    block_l: int | None = None, parts: int | None = None) -> torch.Tensor:
     """proj [rows, q|gate per head (2*hd each) | k (nkv*hd) | v (nkv*hd)]; cos/sin [positions, rot]
     fp32 tables; pos [rows] (device); kc, vc [nkv, L, hd] (written at pos) -> [rows, nh*hd]
     = attention * sigmoid(gate), in proj's dtype. Each (row, head) is split over `parts`
     programs taking every parts-th block of block_l positions (fixed: never by row count or
-    cache size), merged in a fixed order by a third launch. prefetch: regions to ask of L2
-    while the attention runs (cuda_prefetch.prefetch; the output product's weights)."""
+    cache size), merged in a fixed order by a third launch."""
     rows = proj.shape[0]
     nkv, length, hd = kc.shape
     rot = cos.shape[1]
@@ -153,7 +152,6 @@ def gated_attention(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
     q = torch.empty(rows, nh, hd, dtype=proj.dtype, device=proj.device)
     _prep[(rows, nh + nkv)](proj, proj.stride(0), q_norm, k_norm, cos, sin, pos, q, kc, vc, eps, NH=nh, NKV=nkv,
                             HD=hd, ROT=rot, L=length, num_warps=4, **cuda_launch.flags(proj.device))
-    cuda_prefetch.prefetch(proj.device, *prefetch)
     m = torch.empty(rows, nh, parts, dtype=torch.float32, device=proj.device)
     lsum = torch.empty(rows, nh, parts, dtype=torch.float32, device=proj.device)
     acc = torch.empty(rows, nh, parts, hd, dtype=torch.float32, device=proj.device)

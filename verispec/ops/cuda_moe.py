@@ -150,17 +150,15 @@ if triton is not None:
         return wv, iv
 
     @triton.jit
-    def _route(x_ptr, stride, split_stride, w_ptr, i_ptr, pf_base, pf_sh, pf_stride, pf_bytes, E: tl.constexpr,
-               TOP_K: tl.constexpr, KP: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, SPLIT: tl.constexpr,
-               SHARED: tl.constexpr, PF: tl.constexpr, PF_NCH: tl.constexpr, PDL: tl.constexpr):
+    def _route(x_ptr, stride, split_stride, w_ptr, i_ptr, E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
+               NORM: tl.constexpr, BLOCK_E: tl.constexpr, SPLIT: tl.constexpr, SHARED: tl.constexpr,
+               PDL: tl.constexpr):
         """One row's router: softmax over E logits (fp32), the top K by repeated argmax (ties
         to the lower expert id), optionally renormalised. SPLIT > 1: x holds the fp32 partials
         of the router product (SPLIT chunks of K, split_stride apart), summed here in chunk
         order and rounded to bf16 as the product's own sum would be. SHARED: column E is the
         shared expert's gate; the row gets K + 1 slots, the last the shared expert (id E) with
-        weight bf16(sigmoid(gate)). PF: the row's experts' gate/up weights (pf_bytes each at
-        pf_base + id * pf_stride; the shared expert's at pf_sh) are asked of L2 as soon as they
-        are known (verispec/ops/cuda_prefetch.py), for the gate/up kernel after this one."""
+        weight bf16(sigmoid(gate))."""
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
@@ -192,9 +190,6 @@ if triton is not None:
             sg = tl.sigmoid(g).to(tl.bfloat16).to(tl.float32)
             wv = tl.where(ks == TOP_K, sg, wv)
             iv = tl.where(ks == TOP_K, E, iv)
-        if PF:
-            cuda_prefetch.issue_experts(tl.where(ks < TOP_K + SHARED, iv, -1), pf_base, pf_sh, pf_stride, pf_bytes,
-                                        E, cuda_prefetch.CHUNK, PF_NCH)
         tl.store(w_ptr + row * (TOP_K + SHARED) + ks, wv, mask=ks < TOP_K + SHARED)
         tl.store(i_ptr + row * (TOP_K + SHARED) + ks, iv, mask=ks < TOP_K + SHARED)
 
@@ -229,14 +224,14 @@ def route(logits: torch.Tensor, n_experts: int, top_k: int, norm: bool) -> tuple
         raise ValueError("router logits need unit stride along the experts")
     w = torch.empty(rows, top_k, dtype=torch.float32, device=logits.device)
     i = torch.empty(rows, top_k, dtype=torch.int32, device=logits.device)
-    _route[(rows,)](logits, logits.stride(0), 0, w, i, 0, 0, 0, 0, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k),
-                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), SPLIT=1, SHARED=False, PF=False, PF_NCH=1, num_warps=4,
+    _route[(rows,)](logits, logits.stride(0), 0, w, i, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k),
+                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), SPLIT=1, SHARED=False, num_warps=4,
                     **cuda_launch.flags(logits.device))
     return w, i
 
 
-def route_shared(x: torch.Tensor, rows: int, n_experts: int, top_k: int, norm: bool,
-                 prefetch: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def route_shared(x: torch.Tensor, rows: int, n_experts: int, top_k: int,
+                 norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The router with the shared expert as one more slot. x: the router product's output
     [R, N] (bf16), or its fp32 partial sums [SPLIT, >= R, N] over SPLIT chunks of its inputs
     (cuda_gemv.linear_rows(..., partials=True)), summed here in chunk order and rounded as the
@@ -244,27 +239,16 @@ def route_shared(x: torch.Tensor, rows: int, n_experts: int, top_k: int, norm: b
     -> weights [R, K + 1] fp32, ids [R, K + 1] int32: the top K experts, then the shared expert
     (id E) with weight bf16(sigmoid(gate)). One warp per row: the top-k's sixteen reductions
     stay within the warp (no shared-memory round trips); every row runs this same compiled
-    kernel, so its bits do not depend on the row count. prefetch: (gu_all [E, 2I, H], the shared
-    expert's gate/up [2I, H]): the router asks L2 for its row's experts' gate/up weights."""
+    kernel, so its bits do not depend on the row count."""
     n = x.shape[-1]
     if n < n_experts + 1 or x.stride(-1) != 1 or (x.dim() == 3 and not x.is_contiguous()):
         raise ValueError("router output: [R, >= E + 1] with unit stride, or contiguous partials [SPLIT, R, >= E + 1]")
     split, stride, split_stride = (1, x.stride(0), 0) if x.dim() == 2 else (x.shape[0], n, x.stride(0))
     w = torch.empty(rows, top_k + 1, dtype=torch.float32, device=x.device)
     i = torch.empty(rows, top_k + 1, dtype=torch.int32, device=x.device)
-    pf = (prefetch is not None and cuda_prefetch.SITES["experts"] and cuda_prefetch.usable(x.device))
-    if pf:
-        gu_all, shared_gu = prefetch
-        each = gu_all[0].numel() * gu_all.element_size()
-        pf_args = (gu_all.data_ptr(), shared_gu.data_ptr(), each, each)
-        if not (gu_all.is_contiguous() and shared_gu.is_contiguous()) or any(v % 16 for v in pf_args):
-            raise ValueError("expert prefetch needs contiguous, 16-byte aligned gate/up weights")
-    else:
-        pf_args, each = (0, 0, 0, 0), 1
-    _route[(rows,)](x, stride, split_stride, w, i, *pf_args, E=n_experts, TOP_K=top_k,
-                    KP=triton.next_power_of_2(top_k + 1), NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts),
-                    SPLIT=split, SHARED=True, PF=pf, PF_NCH=triton.next_power_of_2(triton.cdiv(each, cuda_prefetch.CHUNK)),
-                    num_warps=CONFIG["route"], **cuda_launch.flags(x.device))
+    _route[(rows,)](x, stride, split_stride, w, i, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k + 1),
+                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), SPLIT=split, SHARED=True, num_warps=CONFIG["route"],
+                    **cuda_launch.flags(x.device))
     return w, i
 
 
@@ -333,18 +317,21 @@ def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu
 
 def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu_all: torch.Tensor,
                      down_all: torch.Tensor, shared_gu: torch.Tensor, shared_down: torch.Tensor,
-                     resid: torch.Tensor, norm_w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     resid: torch.Tensor, norm_w: torch.Tensor, eps: float,
+                     prefetch: tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole MoE after the router, and the residual add with the next norm, in three
     launches. top_w, top_i [R, K + 1] from route_shared (slot K: the shared expert, id E);
     shared_gu [2I, H] and shared_down [H, I] (the shared expert's weights, any storage: its
     pairs read them in place of an expert's); resid [R, H] the residual stream.
-    -> (resid + moe(x), ZC-norm of it with norm_w), as add_row_norm would return them."""
+    -> (resid + moe(x), ZC-norm of it with norm_w), as add_row_norm would return them.
+    prefetch: regions asked of L2 once the expert kernels are done (cuda_prefetch.prefetch)."""
     rows, slots = top_i.shape
     h = gu_all.shape[2]
     if shared_gu.shape != gu_all.shape[1:] or shared_down.shape != down_all.shape[1:]:
         raise ValueError("the shared expert's widths must equal the routed experts'")
     x = x.contiguous()
     y = _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down)
+    cuda_prefetch.prefetch(x.device, *prefetch)
     s, out = torch.empty(rows, h, dtype=x.dtype, device=x.device), torch.empty(rows, h, dtype=x.dtype, device=x.device)
     resid = resid.contiguous()
     _combine[(rows, 1)](y, top_w, out, top_w, 0, out, resid, norm_w.contiguous(), s, eps, h, TOP_K=slots - 1,

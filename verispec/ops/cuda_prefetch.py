@@ -5,38 +5,35 @@ norm, the router) during which the DRAM does almost nothing, and each product th
 ramp before its reads reach the copy rate. The weights do not depend on the activations, so
 they can be fetched early: a prefetch launch issues Hopper's bulk L2 prefetch
 (`cp.async.bulk.prefetch.L2`: one instruction per chunk, nothing comes back to the SM) for
-the regions the next products read, placed in the chain so that it becomes resident while
-the small kernel before it runs (programmatic dependent launch: it is launched when that
-kernel starts). It touches no data: it only waits, before it ends, for the kernel before it,
-so the kernel after it still sees that kernel's writes. The arithmetic is unchanged; only
-where the bytes come from.
+the regions later products read. It runs on a side stream forked from the main one (a
+branch of the captured graph): it starts when the kernel before the fork has finished and
+nothing on the main stream waits for it until `join` at the end of the forward, since an SM
+issues these prefetches at only ~0.2 TB/s (measured: a prefetch launch placed in the chain
+made every kernel after it wait for its issue, docs/cuda.md). It touches no data, so the
+arithmetic is unchanged; only where the bytes come from.
 
-The routed experts are known only once the router has run, so the router kernel issues their
-prefetch itself (`issue_experts`, cuda_moe._route).
-
-SITES picks the places (a capture-time option, as the kernels' blocks are); every one of them
-needs PDL (without it a prefetch launch would run after the kernel before it, not alongside).
+SITES picks the places (a capture-time option, as the kernels' blocks are).
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import cuda_launch
-
 try:
     import triton
     import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover
     triton = None
 
-# out: a mixer's output product during the recurrence / attention; router: the router product
-# and the shared expert during the add + norm; experts: the routed experts' gate/up from the
-# router; next: the first `next` MiB of the next layer's input product during the combine
-SITES = {"out": False, "router": False, "experts": False, "next": 0}
+# out: a mixer's output product, router: the router product and the shared expert (both
+# forked after the mixer's input product, during the recurrence / attention); down: the
+# routed experts' down weights, forked after the router (during gate/up); next: the first
+# `next` MiB of the next layer's input product, forked after the experts (during the combine)
+SITES = {"out": False, "router": False, "down": False, "next": 0}
 CHUNK = 1 << 16          # bytes per bulk prefetch
-PROGRAMS = 16            # programs of a prefetch launch (each one warp)
+PROGRAMS = 32            # programs of a prefetch launch (one warp each)
+_side: dict[int, torch.cuda.Stream] = {}
+_forked: set[int] = set()
 
 if triton is not None:
     @triton.jit
@@ -47,7 +44,7 @@ if triton is not None:
             "=r,l,r,r", [addr, nbytes, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
-    def issue(addr, nbytes, part, parts, CHUNK: tl.constexpr, LANES: tl.constexpr):
+    def _issue(addr, nbytes, part, parts, CHUNK: tl.constexpr, LANES: tl.constexpr):
         """Program `part` of `parts` prefetches chunks part*LANES.., every parts*LANES-th block of LANES."""
         nch = (nbytes + CHUNK - 1) // CHUNK
         lanes = tl.arange(0, LANES)
@@ -57,30 +54,33 @@ if triton is not None:
             _bulk_l2(addr + c * CHUNK, size, c < nch)
 
     @triton.jit
-    def issue_experts(ids, base, sh_addr, stride, nbytes, E: tl.constexpr, CHUNK: tl.constexpr, NCH: tl.constexpr):
-        """Prefetch each expert's weights of ids [KP] (int32, -1: none; E: the shared expert at
-        sh_addr): nbytes from base + id * stride, in NCH chunks."""
-        e = ids.to(tl.int64)
-        start = tl.where(e == E, sh_addr, base + e * stride)
-        c = tl.arange(0, NCH).to(tl.int64)
-        size = tl.minimum(nbytes - c * CHUNK, CHUNK)
-        ok = (e[:, None] >= 0) & (size[None, :] > 0)
-        _bulk_l2(start[:, None] + c[None, :] * CHUNK, tl.maximum(size, 0).to(tl.int32)[None, :], ok)
-
-    @triton.jit
-    def _prefetch(a0, n0, a1, n1, a2, n2, CHUNK: tl.constexpr, LANES: tl.constexpr, PDL: tl.constexpr):
+    def _prefetch(a0, n0, a1, n1, a2, n2, CHUNK: tl.constexpr, LANES: tl.constexpr):
         part = tl.program_id(0)
         parts = tl.num_programs(0)
-        issue(a0, n0, part, parts, CHUNK, LANES)
-        issue(a1, n1, part, parts, CHUNK, LANES)
-        issue(a2, n2, part, parts, CHUNK, LANES)
-        if PDL:   # the next kernel may launch now; it waits for this one, which ends after the one before
-            gdc_launch_dependents()
-            gdc_wait()
+        _issue(a0, n0, part, parts, CHUNK, LANES)
+        _issue(a1, n1, part, parts, CHUNK, LANES)
+        _issue(a2, n2, part, parts, CHUNK, LANES)
+
+    @triton.jit
+    def _prefetch_experts(ids_ptr, n_ids, base, sh_addr, stride, nbytes, E: tl.constexpr, CHUNK: tl.constexpr,
+                          NCH: tl.constexpr, LANES: tl.constexpr):
+        """Each id's weights (nbytes at base + id * stride; id E: the shared expert, at sh_addr),
+        NCH chunks per id, spread over the programs."""
+        part = tl.program_id(0)
+        parts = tl.num_programs(0)
+        lanes = tl.arange(0, LANES)
+        for c0 in range(part * LANES, n_ids * NCH, parts * LANES):
+            c = c0 + lanes
+            ok = c < n_ids * NCH
+            e = tl.load(ids_ptr + c // NCH, mask=ok, other=0).to(tl.int64)
+            off = (c % NCH).to(tl.int64) * CHUNK
+            start = tl.where(e == E, sh_addr, base + e * stride)
+            size = tl.minimum(nbytes - off, CHUNK)
+            _bulk_l2(start + off, tl.maximum(size, 0).to(tl.int32), ok & (size > 0))
 
 
 def usable(device: torch.device) -> bool:
-    return triton is not None and device.type == "cuda" and cuda_launch.flags(device).get("PDL", False)
+    return triton is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def span(t: torch.Tensor, nbytes: int | None = None) -> tuple[int, int]:
@@ -94,13 +94,48 @@ def span(t: torch.Tensor, nbytes: int | None = None) -> tuple[int, int]:
     return lo, (hi - lo + 15) & ~15
 
 
+def _fork(device: torch.device):
+    """The side stream, made to wait for everything the main stream has queued so far."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    side = _side.get(idx)
+    if side is None:
+        side = _side[idx] = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    _forked.add(idx)
+    return torch.cuda.stream(side)
+
+
 def prefetch(device: torch.device, *regions: torch.Tensor | tuple[int, int]) -> None:
-    """Launch a prefetch into L2 of up to three regions on `device` (tensors, or (address, bytes)
-    from span); nothing where it cannot run (no Triton, no PDL)."""
+    """Ask L2 for up to three regions on `device` (tensors, or (address, bytes) from span), from
+    the side stream once the main stream's queued work is done; nothing where it cannot run."""
     if len(regions) > 3:
         raise ValueError("at most three regions per prefetch launch")
     if not regions or not usable(device):
         return
     regions = [span(t) if isinstance(t, torch.Tensor) else t for t in regions]
     args = [v for r in regions + [(0, 0)] * (3 - len(regions)) for v in r]
-    _prefetch[(PROGRAMS,)](*args, CHUNK=CHUNK, LANES=32, num_warps=1, **cuda_launch.flags(device))
+    with _fork(device):
+        _prefetch[(PROGRAMS,)](*args, CHUNK=CHUNK, LANES=32, num_warps=1)
+
+
+def prefetch_experts(ids: torch.Tensor, w_all: torch.Tensor, shared: torch.Tensor) -> None:
+    """Ask L2 for the weights of the experts in ids (int32, on the device; id E = w_all.shape[0]
+    is the shared expert, whose weights are `shared`), once the main stream has written ids."""
+    if not usable(ids.device):
+        return
+    if not (w_all.is_contiguous() and shared.is_contiguous() and ids.is_contiguous()):
+        raise ValueError("expert prefetch needs contiguous weights and ids")
+    each = w_all[0].numel() * w_all.element_size()
+    with _fork(ids.device):
+        _prefetch_experts[(PROGRAMS,)](ids, ids.numel(), w_all.data_ptr(), shared.data_ptr(), each, each,
+                                       E=w_all.shape[0], CHUNK=CHUNK, NCH=triton.cdiv(each, CHUNK), LANES=32,
+                                       num_warps=1)
+
+
+def join(device: torch.device) -> None:
+    """Make the main stream wait for the side stream's prefetches (a captured graph must end
+    with its branches joined); nothing if none was forked since the last join."""
+    idx = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else -1)
+    if idx in _forked:
+        torch.cuda.current_stream(device).wait_stream(_side[idx])
+        _forked.discard(idx)
