@@ -319,9 +319,12 @@ def _launch_options():
 
 
 # L2 prefetch arms (verispec/ops/cuda_prefetch.py): each site alone, then together
-PREFETCH_ARMS = {"off": {}, "out": {"out": True}, "router": {"router": True}, "down": {"down": True},
-                 "next16": {"next": 16}, "out_router": {"out": True, "router": True},
-                 "all": {"out": True, "router": True, "down": True, "next": 16}}
+PREFETCH_ARMS = {"off": {}, "out_router": {"out": True, "router": True},
+                 "out_router_p8": {"out": True, "router": True, "programs": 8},
+                 "out_router_p128": {"out": True, "router": True, "programs": 128},
+                 "out_router_c16k": {"out": True, "router": True, "chunk": 1 << 14},
+                 "out_router_next8": {"out": True, "router": True, "next": 8},
+                 "out": {"out": True}, "router": {"router": True}}
 
 
 def prefetch(eng: Engine, rounds: int) -> None:
@@ -331,7 +334,9 @@ def prefetch(eng: Engine, rounds: int) -> None:
     def use(on):
         def set_():
             cuda_prefetch.SITES.update({"out": False, "router": False, "down": False, "next": 0})
-            cuda_prefetch.SITES.update(on)
+            cuda_prefetch.SITES.update({k: v for k, v in on.items() if k in cuda_prefetch.SITES})
+            cuda_prefetch.PROGRAMS = on.get("programs", 32)
+            cuda_prefetch.CHUNK = on.get("chunk", 1 << 16)
         return set_
     graph_arms(eng, rounds, "prefetch", {k: use(v) for k, v in PREFETCH_ARMS.items()})
 

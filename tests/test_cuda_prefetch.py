@@ -57,6 +57,7 @@ def test_model_with_prefetch_equals_without(sites_restored, graphs):
         st1, stn = eng.model.new_state(64), eng.model.new_state(64)
         eng.model.forward(REPEAT_PROMPT, st1)
         eng.model.forward(REPEAT_PROMPT, stn)
+        stn.ensure_slots(len(ids))
         ones = torch.cat([eng.model.forward([t], st1).logits for t in ids])
         many = eng.model.forward(ids, stn, save_slots=True).logits
         assert torch.equal(ones, many), on
