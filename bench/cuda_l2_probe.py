@@ -4,7 +4,8 @@ The question behind the L2 prefetch experiment (verispec/ops/cuda_prefetch.py, d
 if a product whose weights sit in L2 is not much faster than one reading them from DRAM,
 fetching weights early cannot pay, whatever the timing. Each case is a CUDA graph replayed
 back to back (so no host gap is timed) and its time minus that of the same graph without
-the product; L2 is flushed by writing a 256 MiB buffer.
+the product; L2 is flushed by reading a 256 MiB buffer (clean lines: a write would leave
+dirty ones to be written back during the product).
 
   cold        flush, product                      (the weights come from DRAM)
   warm        product, product  (the second one)  (weights in L2 where they fit: 50 MiB)
@@ -70,48 +71,47 @@ def main() -> int:
         print("cuda_l2_probe: torch sees no CUDA GPU", file=sys.stderr)
         return 2
     dev = torch.device("cuda")
-    flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    flush_buf = torch.empty(64 << 20, dtype=torch.float32, device=dev)   # 256 MiB, read (clean lines)
+    flush = lambda: flush_buf.sum()  # noqa: E731
     spin = lambda: torch.cuda._sleep(40000)  # noqa: E731  (cycles: ~20 us; measured as spin_us)
-    flush = lambda: flush_buf.fill_(1)  # noqa: E731
+    sink = torch.zeros(1, device=dev)
     res = {"device": torch.cuda.get_device_name(), "cases": {}}
     for name, (k, n) in SHAPES.items():
         w = (torch.randn(n, k, device=dev) * k ** -0.5).to(torch.bfloat16)
         x = torch.randn(1, k, device=dev).to(torch.bfloat16)
         part = cuda_gemv.splits(k, n)
         prod = lambda: cuda_gemv.linear_rows(x, w, partials=part)  # noqa: E731
-        pf = {p_: (lambda p_=p_: _prefetch(w, p_)) for p_ in (32, 132)}
+        lo, nb = cuda_prefetch.span(w)
+        methods = {
+            "bulk132": lambda: cuda_prefetch._prefetch[(132,)](lo, nb, 0, 0, 0, 0, CHUNK=cuda_prefetch.CHUNK, LANES=32,
+                                                               num_warps=1),
+            "lines132": lambda: cuda_prefetch._lines[(132,)](lo, nb, 0, 0, 0, 0, LINES=128, num_warps=4),
+            "touch132": lambda: cuda_prefetch._touch[(132,)](w, w.numel(), w, 0, w, 0, sink, BLOCK=8192, num_warps=4),
+            "touch264": lambda: cuda_prefetch._touch[(264,)](w, w.numel(), w, 0, w, 0, sink, BLOCK=4096, num_warps=4)}
         g = {"flush": graph_of([flush]), "cold": graph_of([flush, prod]), "one": graph_of([prod]),
-             "two": graph_of([prod, prod]), "flush_spin": graph_of([flush, spin]),
-             "pref": graph_of([flush, pf[132], spin, prod]), "pref_only": graph_of([flush, pf[132], spin])}
-        for p_ in (32, 132):
-            g[f"issue{p_}"] = graph_of([flush, pf[p_]])
+             "two": graph_of([prod, prod]), "flush_spin": graph_of([flush, spin])}
         case = {"MB": w.numel() * 2 / 1e6,
                 "cold_us": diff(g["cold"], g["flush"], a.rounds),
                 "warm_us": diff(g["two"], g["one"], a.rounds),
-                "prefetched_us": diff(g["pref"], g["pref_only"], a.rounds),
-                "spin_us": diff(g["flush_spin"], g["flush"], a.rounds),
-                **{f"prefetch_launch_{p_}_us": diff(g[f"issue{p_}"], g["flush"], a.rounds) for p_ in (32, 132)}}
+                "spin_us": diff(g["flush_spin"], g["flush"], a.rounds)}
+        line = (f"{name} ({case['MB']:.1f} MB): cold {case['cold_us'][0]:.2f} us [{case['cold_us'][1]:.2f}-"
+                f"{case['cold_us'][2]:.2f}], warm {case['warm_us'][0]:.2f} [{case['warm_us'][1]:.2f}-{case['warm_us'][2]:.2f}]")
+        for mname, pf in methods.items():
+            gp = {"pf": graph_of([flush, pf]), "pf_prod": graph_of([flush, pf, prod]),
+                  "pf_spin": graph_of([flush, pf, spin]), "pf_spin_prod": graph_of([flush, pf, spin, prod])}
+            case[mname] = {"launch_us": diff(gp["pf"], g["flush"], a.rounds),
+                           "then_product_us": diff(gp["pf_prod"], gp["pf"], a.rounds),
+                           "landed_product_us": diff(gp["pf_spin_prod"], gp["pf_spin"], a.rounds)}
+            m = case[mname]
+            line += (f"; {mname}: launch {m['launch_us'][0]:.2f}, product right after {m['then_product_us'][0]:.2f}, "
+                     f"after a spin {m['landed_product_us'][0]:.2f}")
         res["cases"][name] = case
-        print(f"{name} ({case['MB']:.1f} MB): cold {case['cold_us'][0]:.2f} us [{case['cold_us'][1]:.2f}-"
-              f"{case['cold_us'][2]:.2f}], warm {case['warm_us'][0]:.2f} [{case['warm_us'][1]:.2f}-{case['warm_us'][2]:.2f}], "
-              f"prefetched {case['prefetched_us'][0]:.2f}; prefetch launch (32 / 132 programs) "
-              f"{case['prefetch_launch_32_us'][0]:.2f} / {case['prefetch_launch_132_us'][0]:.2f} us; "
-              f"spin {case['spin_us'][0]:.2f} us", flush=True)
+        print(line + f" (spin {case['spin_us'][0]:.2f} us)", flush=True)
         del g, w
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cuda_l2_probe.json").write_text(json.dumps(res, indent=1) + "\n")
     return 0
-
-
-def _prefetch(w: torch.Tensor, programs: int) -> None:
-    kept = cuda_prefetch.PROGRAMS
-    cuda_prefetch.PROGRAMS = programs
-    try:   # on the current stream: prefetch() forks a side stream, which this probe does not want
-        lo, nb = cuda_prefetch.span(w)
-        cuda_prefetch._prefetch[(programs,)](lo, nb, 0, 0, 0, 0, CHUNK=cuda_prefetch.CHUNK, LANES=32, num_warps=1)
-    finally:
-        cuda_prefetch.PROGRAMS = kept
 
 
 if __name__ == "__main__":
