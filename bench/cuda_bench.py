@@ -16,7 +16,6 @@ arms interleaved within a round):
   undo       the copy of a kept row's slot into the live state (a rejection's undo), per layer
              against multi-tensor copies
   fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on and each one off
-  prefetch   the same, with each L2 prefetch site of verispec/ops/cuda_prefetch.py alone and together
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -298,11 +297,10 @@ FUSIONS = ("LOGITS_IN_PRODUCT",)
 def _launch_options():
     """A function that puts the kernels' launch options back as they are now: PDL, the fusions, the
     products', expert and small kernels' settings and the recurrence's (the sections that vary them)."""
-    from verispec.ops import cuda_deltanet, cuda_fusions, cuda_gemv, cuda_launch, cuda_moe, cuda_norms, cuda_prefetch
+    from verispec.ops import cuda_deltanet, cuda_fusions, cuda_gemv, cuda_launch, cuda_moe, cuda_norms
 
     pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
-    sites, pf = dict(cuda_prefetch.SITES), (cuda_prefetch.CHUNK, cuda_prefetch.PROGRAMS)
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
@@ -311,34 +309,9 @@ def _launch_options():
         cuda_gemv.CONFIG.update(gemv_cfg)
         cuda_moe.CONFIG.update(moe_cfg)
         cuda_norms.WARPS.update(warps)
-        cuda_prefetch.SITES.update(sites)
-        cuda_prefetch.CHUNK, cuda_prefetch.PROGRAMS = pf
         for f, v in fused.items():
             setattr(cuda_fusions, f, v)
     return restore
-
-
-# L2 prefetch arms (verispec/ops/cuda_prefetch.py): each site alone, then together
-PREFETCH_ARMS = {"off": {}, "out_router": {"out": True, "router": True},
-                 "out_router_p8": {"out": True, "router": True, "programs": 8},
-                 "out_router_p128": {"out": True, "router": True, "programs": 128},
-                 "out_router_c16k": {"out": True, "router": True, "chunk": 1 << 14},
-                 "out_router_next8": {"out": True, "router": True, "next": 8},
-                 "out": {"out": True}, "router": {"router": True}}
-
-
-def prefetch(eng: Engine, rounds: int) -> None:
-    """The L2 prefetch sites against none, in the graphed forward (the bits cannot move: checked)."""
-    from verispec.ops import cuda_prefetch
-
-    def use(on):
-        def set_():
-            cuda_prefetch.SITES.update({"out": False, "router": False, "down": False, "next": 0})
-            cuda_prefetch.SITES.update({k: v for k, v in on.items() if k in cuda_prefetch.SITES})
-            cuda_prefetch.PROGRAMS = on.get("programs", 32)
-            cuda_prefetch.CHUNK = on.get("chunk", 1 << 16)
-        return set_
-    graph_arms(eng, rounds, "prefetch", {k: use(v) for k, v in PREFETCH_ARMS.items()})
 
 
 def pdl(eng: Engine, rounds: int) -> None:
@@ -520,7 +493,6 @@ def main() -> int:
              ("overhead", lambda: overhead(eng, ck, 4 * a.rounds + 4)),
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
-             ("prefetch", lambda: prefetch(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),

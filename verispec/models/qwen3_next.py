@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
-from ..ops import cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norms, cuda_prefetch, cuda_slots
+from ..ops import cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norms, cuda_slots
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -451,16 +451,13 @@ class Model:
         # and norm after them, which sums them (one launch fewer per layer)
         out_lin = _partials_linear(lin) if rp is not BATCH and self.exec.pad_rows == cuda_gemv.ROWS else None
         for i, layer in enumerate(self.layers):
-            early = self._early_prefetch(layer, h, rp)
             if isinstance(layer.mixer, LinearAttn):
-                h = self._linear_attn(layer.mixer, h, state, rp, save_slots, lin, out_lin, prefetch=early)
+                h = self._linear_attn(layer.mixer, h, state, rp, save_slots, lin, out_lin)
             else:
-                h = self._full_attn(layer.mixer, h, state, start, rp, lin, pos=pos, out_lin=out_lin, prefetch=early)
+                h = self._full_attn(layer.mixer, h, state, start, rp, lin, pos=pos, out_lin=out_lin)
             x, h = add_norm(x, h, norms[2 * i + 1], eps, rp)
             if isinstance(layer.mlp, MoE) and self._moe_kernels(layer.mlp, h, rp):
-                nxt = self.layers[i + 1].mixer if i + 1 < len(self.layers) else None
-                w = self.lm_head if nxt is None else nxt.w_in if isinstance(nxt, LinearAttn) else nxt.w_qkv
-                x, h = self.moe_add_norm(layer.mlp, h, x, norms[2 * i + 2], eps, next_w=w)
+                x, h = self.moe_add_norm(layer.mlp, h, x, norms[2 * i + 2], eps)
                 continue
             h = (self.moe(layer.mlp, h, lin, rp) if isinstance(layer.mlp, MoE)
                  else self.dense(layer.mlp, h, lin, rp))
@@ -470,22 +467,9 @@ class Model:
             logits = cuda_gemv.linear_rows(h, self.lm_head, out_dtype=torch.float32)   # no conversion launch
         else:
             logits = lin(h, self.lm_head).float()
-        cuda_prefetch.join(h.device)
         return logits, h, x
 
-    def _early_prefetch(self, layer, h, rp) -> list:
-        """The weights to ask of L2 once the layer's input product is done (cuda_prefetch.SITES):
-        its mixer's output product and its router's and shared expert's, read after the
-        recurrence or attention, during which the memory is idle. Only on the exact CUDA path."""
-        if rp is BATCH or self.exec.pad_rows != cuda_gemv.ROWS or not cuda_prefetch.usable(h.device):
-            return []
-        regions = [layer.mixer.out] if cuda_prefetch.SITES["out"] else []
-        m = layer.mlp
-        if cuda_prefetch.SITES["router"] and isinstance(m, MoE) and self._moe_kernels(m, h, rp):
-            regions += [m.pre[:m.n_experts + 1 + 2 * m.shared_inter], m.shared_down]
-        return regions
-
-    def _linear_attn(self, m: LinearAttn, h, state: State, exact, save_slots, lin, out_lin=None, prefetch=()):
+    def _linear_attn(self, m: LinearAttn, h, state: State, exact, save_slots, lin, out_lin=None):
         a = self.args
         rp = policy(exact)
         rows = h.shape[0]
@@ -495,7 +479,7 @@ class Model:
         if rp is not BATCH and cuda_deltanet.usable(ring):
             fused = (self.exec.pad_rows == cuda_gemv.ROWS and cuda_gemv.usable(h, m.w_in)
                      and cuda_gemv.conv_fits(m.w_in, 2 * kd + vd, m.conv.shape[1]))
-            return self._linear_attn_kernels(m, h, state, save_slots, lin, out_lin, fused, prefetch)
+            return self._linear_attn_kernels(m, h, state, save_slots, lin, out_lin, fused)
         proj = lin(h, m.w_in)                                   # [rows, q|k|v|z|b|a]
         mixed = proj[:, :2 * kd + vd]
         z = proj[:, 2 * kd + vd:2 * kd + 2 * vd]
@@ -528,14 +512,12 @@ class Model:
         o = gated_rms_norm(o.to(h.dtype), z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
         return lin(o.reshape(rows, vd), m.out)
 
-    def _linear_attn_kernels(self, m: LinearAttn, h, state: State, save_slots, lin, out_lin, fused: bool,
-                             prefetch=()):
+    def _linear_attn_kernels(self, m: LinearAttn, h, state: State, save_slots, lin, out_lin, fused: bool):
         """The DeltaNet mixer of a decode/verify forward on CUDA in four launches (fused: the
         input product with the causal conv in its epilogue) or five (the product, then the conv
         kernel a launch per row), then the recurrence for every row in one launch (state in
         registers from row to row), the gated norm, the output product. The kernels that carry
-        state write each kept row's state straight into its copy slot. prefetch: regions asked
-        of L2 once the input product is done."""
+        state write each kept row's state straight into its copy slot."""
         a = self.args
         rows = h.shape[0]
         kd, vd, hv = a.key_dim, a.value_dim, a.linear_num_value_heads
@@ -550,7 +532,6 @@ class Model:
             proj = lin(h, m.w_in)
             slots = [state.slots[r].conv[m.index] if keep and r < rows - 1 else None for r in range(rows)]
             mixed = cuda_deltanet.conv_rows(proj[:, :2 * kd + vd], ring, m.conv, slots)
-        cuda_prefetch.prefetch(h.device, *prefetch)
         o = cuda_deltanet.delta_steps(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec,
                                       rtab, a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
                                       out_dtype=h.dtype)
@@ -559,12 +540,11 @@ class Model:
         return (out_lin or lin)(o.reshape(rows, vd), m.out)
 
     def _full_attn(self, m: FullAttn, h, state: State, start, exact, lin, pos_offset: int = 0,
-                   pos: torch.Tensor | None = None, out_lin=None, prefetch=()):
+                   pos: torch.Tensor | None = None, out_lin=None):
         """Gated attention; rows are written to the cache at start.. and rotated at
         positions start+pos_offset.. (the MTP head's pair p sits at index p, position p+1).
         With `pos` (device positions of the rows, the padded policy) the same happens with
-        shapes that never change: index writes, table gathers, attend_static. prefetch:
-        regions asked of L2 once the input product is done (the attention kernels' path)."""
+        shapes that never change: index writes, table gathers, attend_static."""
         a = self.args
         rp = policy(exact)
         rows = h.shape[0]
@@ -575,9 +555,7 @@ class Model:
             # norms, RoPE, cache writes, attention up to each row's position and the gate in
             # two launches (verispec/ops/cuda_attention.py)
             self.rope.ensure(kc.shape[1])
-            proj = lin(h, m.w_qkv)
-            cuda_prefetch.prefetch(h.device, *prefetch)
-            o = cuda_attention.gated_attention(proj, m.q_norm, m.k_norm, self.rope.cos, self.rope.sin,
+            o = cuda_attention.gated_attention(lin(h, m.w_qkv), m.q_norm, m.k_norm, self.rope.cos, self.rope.sin,
                                                pos, kc, vc, nh, a.rms_norm_eps)
             return (out_lin or lin)(o, m.out)
         if pos is not None:
@@ -622,25 +600,18 @@ class Model:
         return (rp is not BATCH and self.exec.pad_rows == cuda_gemv.ROWS and cuda_moe.available(h.device)
                 and cuda_gemv.usable(h, m.pre) and m.shared_inter == m.gu_all.shape[1] // 2)
 
-    def moe_add_norm(self, m: MoE, h, x, norm_w, eps, next_w: torch.Tensor | None = None):
+    def moe_add_norm(self, m: MoE, h, x, norm_w, eps):
         """(x + moe(h), the next norm of it) in five launches: the router product (its split-K
         partials), the router (top K + the shared expert as slot K), gate/up + SwiGLU and down
         over every (row, slot) pair, and the combine with the residual add and the norm. Every
-        program reads one row (or one pair), so nothing depends on the row count. With
-        cuda_prefetch.SITES: the routed experts' down weights asked of L2 once the router is
-        done, and the first MiB of `next_w` (the next product's weights) once the experts are."""
+        program reads one row (or one pair), so nothing depends on the row count."""
         e, si = m.n_experts, m.shared_inter
         router = m.pre[:e + 1 + (-(e + 1)) % 8]                 # router + shared gate rows, a view
-        shared_gu = m.pre[e + 1:e + 1 + 2 * si]
         split = cuda_gemv.splits(*reversed(router.shape))
         logits = cuda_gemv.linear_rows(h, router, partials=split)     # split: the partials, summed by the router
         top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk)
-        if cuda_prefetch.SITES["down"]:
-            cuda_prefetch.prefetch_experts(top_i, m.down_all, m.shared_down)
-        nxt = ((cuda_prefetch.span(next_w, cuda_prefetch.SITES["next"] << 20),)
-               if cuda_prefetch.SITES["next"] and next_w is not None else ())
-        return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, shared_gu, m.shared_down, x, norm_w,
-                                         eps, prefetch=nxt)
+        return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si],
+                                         m.shared_down, x, norm_w, eps)
 
     def moe(self, m: MoE, h, lin, exact):
         exact = policy(exact)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cuda_launch, cuda_prefetch
+from . import cuda_launch
 import torch.nn.functional as F
 
 try:  # triton ships with CUDA builds of torch; the CPU machine does not have it
@@ -317,21 +317,18 @@ def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu
 
 def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu_all: torch.Tensor,
                      down_all: torch.Tensor, shared_gu: torch.Tensor, shared_down: torch.Tensor,
-                     resid: torch.Tensor, norm_w: torch.Tensor, eps: float,
-                     prefetch: tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
+                     resid: torch.Tensor, norm_w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole MoE after the router, and the residual add with the next norm, in three
     launches. top_w, top_i [R, K + 1] from route_shared (slot K: the shared expert, id E);
     shared_gu [2I, H] and shared_down [H, I] (the shared expert's weights, any storage: its
     pairs read them in place of an expert's); resid [R, H] the residual stream.
-    -> (resid + moe(x), ZC-norm of it with norm_w), as add_row_norm would return them.
-    prefetch: regions asked of L2 once the expert kernels are done (cuda_prefetch.prefetch)."""
+    -> (resid + moe(x), ZC-norm of it with norm_w), as add_row_norm would return them."""
     rows, slots = top_i.shape
     h = gu_all.shape[2]
     if shared_gu.shape != gu_all.shape[1:] or shared_down.shape != down_all.shape[1:]:
         raise ValueError("the shared expert's widths must equal the routed experts'")
     x = x.contiguous()
     y = _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down)
-    cuda_prefetch.prefetch(x.device, *prefetch)
     s, out = torch.empty(rows, h, dtype=x.dtype, device=x.device), torch.empty(rows, h, dtype=x.dtype, device=x.device)
     resid = resid.contiguous()
     _combine[(rows, 1)](y, top_w, out, top_w, 0, out, resid, norm_w.contiguous(), s, eps, h, TOP_K=slots - 1,
