@@ -16,7 +16,6 @@ arms interleaved within a round):
   undo       the copy of a kept row's slot into the live state (a rejection's undo), per layer
              against multi-tensor copies
   fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on and each one off
-  gnorm      the same, with the DeltaNet's gated norm in the recurrence's launch and separate
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -301,13 +300,11 @@ def _launch_options():
     from verispec.ops import cuda_deltanet, cuda_fusions, cuda_gemv, cuda_launch, cuda_moe, cuda_norms
 
     pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
-    gnorm = (cuda_deltanet.NORM_IN_STEPS, cuda_deltanet.NORM_STEPS)
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
         cuda_launch.enabled, cuda_deltanet.STEPS = pdl_on, steps
-        cuda_deltanet.NORM_IN_STEPS, cuda_deltanet.NORM_STEPS = gnorm
         cuda_gemv.CONFIG.clear()
         cuda_gemv.CONFIG.update(gemv_cfg)
         cuda_moe.CONFIG.update(moe_cfg)
@@ -315,19 +312,6 @@ def _launch_options():
         for f, v in fused.items():
             setattr(cuda_fusions, f, v)
     return restore
-
-
-def gnorm(eng: Engine, rounds: int) -> None:
-    """The DeltaNet's gated norm in the recurrence's launch (a program per value head, 8 or 16
-    warps) against the recurrence and a separate norm launch (other reduction orders: the
-    logits may differ)."""
-    from verispec.ops import cuda_deltanet
-
-    def use(on, warps=8):
-        def set_():
-            cuda_deltanet.NORM_IN_STEPS, cuda_deltanet.NORM_STEPS = on, warps
-        return set_
-    graph_arms(eng, rounds, "gnorm", {"separate": use(False), "fused_8": use(True, 8), "fused_16": use(True, 16)})
 
 
 def pdl(eng: Engine, rounds: int) -> None:
@@ -509,7 +493,6 @@ def main() -> int:
              ("overhead", lambda: overhead(eng, ck, 4 * a.rounds + 4)),
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
-             ("gnorm", lambda: gnorm(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),

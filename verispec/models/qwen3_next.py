@@ -532,15 +532,11 @@ class Model:
             proj = lin(h, m.w_in)
             slots = [state.slots[r].conv[m.index] if keep and r < rows - 1 else None for r in range(rows)]
             mixed = cuda_deltanet.conv_rows(proj[:, :2 * kd + vd], ring, m.conv, slots)
-        z = proj[:, 2 * kd + vd:2 * kd + 2 * vd]
-        fused_norm = cuda_deltanet.NORM_IN_STEPS and h.dtype in (torch.bfloat16, torch.float16)
         o = cuda_deltanet.delta_steps(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec,
                                       rtab, a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
-                                      out_dtype=h.dtype, gate=z if fused_norm else None, norm_w=m.norm,
-                                      norm_eps=a.rms_norm_eps)
-        if not fused_norm:
-            o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps,
-                               self.rows_exact)
+                                      out_dtype=h.dtype)
+        z = proj[:, 2 * kd + vd:2 * kd + 2 * vd]
+        o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, self.rows_exact)
         return (out_lin or lin)(o.reshape(rows, vd), m.out)
 
     def _full_attn(self, m: FullAttn, h, state: State, start, exact, lin, pos_offset: int = 0,

@@ -29,10 +29,6 @@ except ImportError:  # pragma: no cover
 
 enabled = True
 STEPS = (16, 2)   # delta_steps: (value columns per program, warps); bench/cuda_small_sweep.py
-# delta_steps with the gated norm (a program holds a whole value head): its warps, and whether
-# the model's exact CUDA path uses it instead of the step and a separate norm launch
-NORM_STEPS = 8
-NORM_IN_STEPS = False
 
 if triton is not None:
     @triton.jit
@@ -89,17 +85,12 @@ if triton is not None:
     # multiple of 16), and a decode row (R = 1) must run the same code as a verify's rows
     @triton.jit(do_not_specialize=["R"])
     def _delta_steps(mix_ptr, mix_stride, ba_ptr, ba_stride, alog_ptr, dtb_ptr, s_ptr, o_ptr, tab_ptr, R,
-                     z_ptr, z_stride, nw_ptr, norm_eps,
                      HV: tl.constexpr, REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-                     SCALE: tl.constexpr, EPS: tl.constexpr, SAVE: tl.constexpr, GNORM: tl.constexpr,
-                     PDL: tl.constexpr):
+                     SCALE: tl.constexpr, EPS: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr):
         """_delta_step for rows 0..R-1 in order in one launch: the state block stays in registers
         from row to row (the same fp32 values a launch per row would store and reload), each
         row's output is written, and with SAVE the state after row r < R-1 goes to the slot at
-        tab[r]. GNORM (BV == DV: a program holds the whole head): the output goes through the
-        DeltaNet's gated norm before it is stored, as cuda_norms' GATED mode computes it from
-        the step's rounded output: w * bf16(o * rsqrt(mean(o^2) + eps)) * silu(z), z [R, HV*DV]
-        (row stride z_stride), w [DV]."""
+        tab[r]."""
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
@@ -127,14 +118,7 @@ if triton is not None:
             kv = tl.sum(st * kk[:, None], axis=0)                      # [BV]
             delta = (vv - kv) * beta
             st = st + kk[:, None] * delta[None, :]
-            o = tl.sum(st * qq[:, None], axis=0).to(o_ptr.dtype.element_ty)
-            if GNORM:
-                of = o.to(tl.float32)
-                y = of * tl.math.rsqrt(tl.sum(of * of, 0) / DV + norm_eps)
-                y = tl.load(nw_ptr + offs_v).to(tl.float32) * y.to(o_ptr.dtype.element_ty).to(tl.float32)
-                z = tl.load(z_ptr + r * z_stride + h * DV + offs_v).to(tl.float32)
-                o = (y * (z * tl.sigmoid(z))).to(o_ptr.dtype.element_ty)
-            tl.store(o_ptr + (r * HV + h) * DV + offs_v, o)
+            tl.store(o_ptr + (r * HV + h) * DV + offs_v, tl.sum(st * qq[:, None], axis=0).to(o_ptr.dtype.element_ty))
             if SAVE:
                 slot = tl.load(tab_ptr + r).to(tl.pointer_type(tl.float32))
                 tl.store(slot + cell, st, mask=(offs_k[:, None] >= 0) & (r < R - 1))
@@ -179,28 +163,20 @@ def delta_rule_rows(q, k, v, g, beta, state, slots: list) -> torch.Tensor:
 
 def delta_steps(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tensor, dt_bias: torch.Tensor,
                 state: torch.Tensor, slot_table: torch.Tensor | None, hk: int, dk: int, dv: int, eps: float = 1e-6,
-                out_dtype: torch.dtype = torch.float32, gate: torch.Tensor | None = None,
-                norm_w: torch.Tensor | None = None, norm_eps: float = 1e-6) -> torch.Tensor:
+                out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """delta_step_rows in one launch for all rows: mixed [rows, >= 2*hk*dk + Hv*dv] (q|k|v,
     unit stride along features, any row stride); ba [rows, >= 2*Hv] (b | a, any row stride);
     state [Hv, dk, dv] fp32 (in place); slot_table: cuda_slots table (the state after row r <
-    rows-1 to its slot) or None. Returns [rows, Hv, dv] in out_dtype. With gate [rows, Hv*dv]
-    (unit stride along features) and norm_w [dv]: the DeltaNet's gated norm of the output in the
-    same launch (a program per value head, NORM_STEPS warps), out_dtype bf16 or fp16."""
+    rows-1 to its slot) or None. Returns [rows, Hv, dv] in out_dtype."""
     rows = mixed.shape[0]
     hv = state.shape[0]
     if mixed.stride(1) != 1 or ba.stride(1) != 1:
         raise ValueError("q|k|v and b|a need unit stride")
-    gnorm = gate is not None
-    if gnorm and (norm_w is None or gate.stride(1) != 1 or gate.shape[1] < hv * dv or norm_w.numel() != dv
-                  or out_dtype not in (torch.bfloat16, torch.float16)):
-        raise ValueError("the gated norm needs gate [rows, Hv*dv] with unit stride, norm_w [dv] and a 16-bit output")
     out = torch.empty(rows, hv, dv, dtype=out_dtype, device=mixed.device)
-    bv, warps = (dv, NORM_STEPS) if gnorm else (min(STEPS[0], dv), STEPS[1])
+    bv, warps = min(STEPS[0], dv), STEPS[1]
     tab = slot_table if slot_table is not None else state
-    zargs = (gate, gate.stride(0), norm_w.contiguous(), norm_eps) if gnorm else (out, 0, out, 0.0)
     _delta_steps[(hv, triton.cdiv(dv, bv))](mixed, mixed.stride(0), ba, ba.stride(0), a_log_exp, dt_bias, state, out,
-                                           tab, rows, *zargs, HV=hv, REP=hv // hk, DK=dk, DV=dv, BV=bv,
-                                           SCALE=dk ** -0.5, EPS=eps, SAVE=slot_table is not None, GNORM=gnorm,
-                                           num_warps=warps, **cuda_launch.flags(mixed.device))
+                                           tab, rows, HV=hv, REP=hv // hk, DK=dk, DV=dv, BV=bv, SCALE=dk ** -0.5,
+                                           EPS=eps, SAVE=slot_table is not None, num_warps=warps,
+                                           **cuda_launch.flags(mixed.device))
     return out
