@@ -320,18 +320,23 @@ def _launch_options():
 
 
 def moe_tail(eng: Engine, rounds: int) -> None:
-    """The MoE after its router as one persistent launch (verispec/ops/cuda_moe_tail.py; 8 or
-    4 warps a program) against the three launches (other reduction orders in down: the logits
-    may differ)."""
+    """The MoE after its router as one persistent launch (verispec/ops/cuda_moe_tail.py; blocks
+    and warps as MOE_TAIL_ARMS) against the three launches (other reduction orders in down: the
+    logits may differ)."""
     from verispec.ops import cuda_moe_tail
 
-    def use(on, warps=8):
+    def use(cfg):
         def set_():
-            cuda_moe_tail.enabled = on
-            cuda_moe_tail.CONFIG = cuda_moe_tail.CONFIG[:3] + (warps,)
+            cuda_moe_tail.enabled = cfg is not None
+            if cfg is not None:
+                cuda_moe_tail.CONFIG = cfg
         return set_
-    graph_arms(eng, rounds, "moe_tail", {"three": use(False), "persistent_8": use(True, 8),
-                                         "persistent_4": use(True, 4)})
+    graph_arms(eng, rounds, "moe_tail", {"three": use(None), **{
+        "persistent_" + "_".join(map(str, c)): use(c) for c in MOE_TAIL_ARMS}})
+
+
+# (gate/up block, its K block, down block, warps)
+MOE_TAIL_ARMS = [(4, 1024, 8, 4), (4, 1024, 16, 4), (4, 1024, 32, 8)]
 
 
 def pdl(eng: Engine, rounds: int) -> None:

@@ -6,7 +6,8 @@ last program of the one before; docs/cuda.md), and a layer has ten. Here one gri
 programs, all resident at once, works through a list of tiles in order: the gate/up tiles of
 every (row, slot) pair, then the down tiles, then one combine tile per row. A tile that needs
 others' results waits on a counter they raise when their stores are done (a pair's gate/up
-tiles for its down tiles, a row's down tiles for its combine), and a down tile loads its
+tiles for its down tiles, each of a row's pairs' down tiles for its combine, slot by slot;
+every counter on its own cache line, polled with a back-off), and a down tile loads its
 weights before it waits: the weights do not depend on the wait, so their DRAM latency hides
 behind the gate/up tail instead of following it.
 
@@ -45,13 +46,15 @@ if triton is not None:
     @triton.jit
     def _wait(cnt_ptr, target):
         while tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu") < target:
-            pass
+            # back off: the tiles being waited for raise this counter, and polls compete with them
+            tl.inline_asm_elementwise("nanosleep.u32 64; mov.u32 $0, $1;", "=r,r", [target], dtype=tl.int32,
+                                      is_pure=False, pack=1)
 
     @triton.jit(do_not_specialize=["n_pairs", "rows"])
     def _moe_tail(x_ptr, gu_ptr, dn_ptr, ids_ptr, wt_ptr, act_ptr, y_ptr, res_ptr, nw_ptr, s_ptr, out_ptr, cnt_ptr,
                   eps, n_pairs, rows, gu_sh, dn_sh, H: tl.constexpr, I: tl.constexpr, E: tl.constexpr,
                   SLOTS: tl.constexpr, GU_N: tl.constexpr, GU_K: tl.constexpr, DN_N: tl.constexpr,
-                  ROW0: tl.constexpr, EXIT: tl.constexpr, NCNT: tl.constexpr, PDL: tl.constexpr):
+                  MAXP: tl.constexpr, SPACE: tl.constexpr, NCNT: tl.constexpr, PDL: tl.constexpr):
         if PDL:   # verispec/ops/cuda_launch.py; every program is resident before the next kernel launches
             gdc_wait()
             gdc_launch_dependents()
@@ -78,7 +81,7 @@ if triton is not None:
                 u_sum = tl.sum(acc_u, axis=1)
                 act = g_sum * tl.sigmoid(g_sum) * u_sum
                 tl.store(act_ptr + pair * I + offs_n, act.to(act_ptr.dtype.element_ty))
-                _signal(cnt_ptr + pair)
+                _signal(cnt_ptr + pair * SPACE)
             elif t < n_gu + n_dn:                          # down: y[pair, block] (fp32)
                 u = t - n_gu
                 pair = u // DN_T
@@ -87,21 +90,22 @@ if triton is not None:
                 offs_k = tl.arange(0, I)
                 w = tl.load(dn_ptr + tl.where(e == E, dn_sh, e * H * I) + offs_n[:, None].to(tl.int64) * I
                             + offs_k[None, :])             # before the wait: it does not depend on it
-                _wait(cnt_ptr + pair, GU_T)
+                _wait(cnt_ptr + pair * SPACE, GU_T)
                 a = tl.load(act_ptr + pair * I + offs_k, cache_modifier=".cg").to(tl.float32)
                 tl.store(y_ptr + pair * H + offs_n, tl.sum(w.to(tl.float32) * a[None, :], axis=1))
-                _signal(cnt_ptr + ROW0 + pair // SLOTS)
+                _signal(cnt_ptr + (MAXP + pair) * SPACE)
             else:                                          # combine + residual add + norm of a row
                 row = t - n_gu - n_dn
-                _wait(cnt_ptr + ROW0 + row, SLOTS * DN_T)
                 offs = tl.arange(0, H)
                 total = tl.zeros([H], dtype=tl.float32)
                 for s in tl.static_range(SLOTS - 1):      # the routed slots in slot order
+                    _wait(cnt_ptr + (MAXP + row * SLOTS + s) * SPACE, DN_T)
                     wt = tl.load(wt_ptr + row * SLOTS + s)
                     total += wt * tl.load(y_ptr + (row * SLOTS + s) * H + offs, cache_modifier=".cg")
                 out = total.to(out_ptr.dtype.element_ty)
                 # the shared expert (the last slot): its y rounded as its own product would be,
                 # times its weight (the rounded sigmoid of its gate), added as torch adds
+                _wait(cnt_ptr + (MAXP + row * SLOTS + SLOTS - 1) * SPACE, DN_T)
                 extra = tl.load(y_ptr + (row * SLOTS + SLOTS - 1) * H + offs, cache_modifier=".cg")
                 extra = extra.to(out_ptr.dtype.element_ty).to(tl.float32)
                 extra = (tl.load(wt_ptr + row * SLOTS + SLOTS - 1) * extra).to(out_ptr.dtype.element_ty)
@@ -113,19 +117,24 @@ if triton is not None:
                 yv = yv * (1.0 + tl.load(nw_ptr + offs).to(tl.float32))
                 tl.store(out_ptr + row * H + offs, yv.to(out_ptr.dtype.element_ty))
         tl.debug_barrier()
-        if tl.atomic_add(cnt_ptr + EXIT, 1, sem="acq_rel", scope="gpu") == grid - 1:
+        if tl.atomic_add(cnt_ptr + 2 * MAXP * SPACE, 1, sem="acq_rel", scope="gpu") == grid - 1:
             offs_c = tl.arange(0, NCNT)
-            tl.store(cnt_ptr + offs_c, tl.zeros([NCNT], dtype=tl.int32), mask=offs_c <= EXIT)
+            tl.store(cnt_ptr + offs_c * SPACE, tl.zeros([NCNT], dtype=tl.int32), mask=offs_c <= 2 * MAXP)
 
 
 _counters: dict[tuple, torch.Tensor] = {}
 _grids: dict[tuple, int] = {}
 
 
-def _layout(slots: int) -> tuple[int, int, int]:
-    """(ROW0, EXIT, NCNT): pair counters at 0.., row counters at ROW0.., the exit count at EXIT."""
-    row0 = MAX_ROWS * slots
-    return row0, row0 + MAX_ROWS, triton.next_power_of_2(row0 + MAX_ROWS + 1)
+SPACE = 32   # int32s between counters: each on its own 128-byte line (polls and raises of one
+             # counter do not queue behind another's at the same L2 slice)
+
+
+def _layout(slots: int) -> tuple[int, int]:
+    """(MAXP, NCNT): the pairs' gate/up counters at 0.., their down counters at MAXP.., the exit
+    count at 2 MAXP (each SPACE int32s apart); NCNT counters rounded up to a power of two."""
+    maxp = MAX_ROWS * slots
+    return maxp, triton.next_power_of_2(2 * maxp + 1)
 
 
 def _grid(kernel_args: tuple, consts: dict, device: torch.device) -> int:
@@ -167,15 +176,15 @@ def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, 
     act = torch.empty(n, inter, dtype=x.dtype, device=dev)
     y = torch.empty(n, h, dtype=torch.float32, device=dev)
     s, out = torch.empty(rows, h, dtype=x.dtype, device=dev), torch.empty(rows, h, dtype=x.dtype, device=dev)
-    row0, exit_, ncnt = _layout(slots)
+    maxp, ncnt = _layout(slots)
     ckey = (dev.index, ncnt)
     if ckey not in _counters:
-        _counters[ckey] = torch.zeros(ncnt, dtype=torch.int32, device=dev)
+        _counters[ckey] = torch.zeros(ncnt * SPACE, dtype=torch.int32, device=dev)
     cnt = _counters[ckey]
     gu_sh = (shared_gu.data_ptr() - gu_all.data_ptr()) // gu_all.element_size()
     dn_sh = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size()
     args = (x, gu_all, down_all, ids, top_w, act, y, resid, norm_w.contiguous(), s, out, cnt, eps, n, rows, gu_sh, dn_sh)
-    consts = dict(H=h, I=inter, E=e, SLOTS=slots, GU_N=gn, GU_K=gk, DN_N=dn, ROW0=row0, EXIT=exit_, NCNT=ncnt,
+    consts = dict(H=h, I=inter, E=e, SLOTS=slots, GU_N=gn, GU_K=gk, DN_N=dn, MAXP=maxp, SPACE=SPACE, NCNT=ncnt,
                   num_warps=warps, num_stages=1, **cuda_launch.flags(dev))
     _moe_tail[(_grid(args, consts, dev),)](*args, **consts)
     return s, out
