@@ -16,7 +16,6 @@ arms interleaved within a round):
   undo       the copy of a kept row's slot into the live state (a rejection's undo), per layer
              against multi-tensor copies
   fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on and each one off
-  moe_tail   the same, with the MoE after its router in one persistent launch and in three
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -300,16 +299,12 @@ def _launch_options():
     products', expert and small kernels' settings and the recurrence's (the sections that vary them)."""
     from verispec.ops import cuda_deltanet, cuda_fusions, cuda_gemv, cuda_launch, cuda_moe, cuda_norms
 
-    from verispec.ops import cuda_moe_tail
-
     pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
-    tail = (cuda_moe_tail.enabled, cuda_moe_tail.CONFIG)
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
         cuda_launch.enabled, cuda_deltanet.STEPS = pdl_on, steps
-        cuda_moe_tail.enabled, cuda_moe_tail.CONFIG = tail
         cuda_gemv.CONFIG.clear()
         cuda_gemv.CONFIG.update(gemv_cfg)
         cuda_moe.CONFIG.update(moe_cfg)
@@ -317,26 +312,6 @@ def _launch_options():
         for f, v in fused.items():
             setattr(cuda_fusions, f, v)
     return restore
-
-
-def moe_tail(eng: Engine, rounds: int) -> None:
-    """The MoE after its router as one persistent launch (verispec/ops/cuda_moe_tail.py; blocks
-    and warps as MOE_TAIL_ARMS) against the three launches (other reduction orders in down: the
-    logits may differ)."""
-    from verispec.ops import cuda_moe_tail
-
-    def use(cfg):
-        def set_():
-            cuda_moe_tail.enabled = cfg is not None
-            if cfg is not None:
-                cuda_moe_tail.CONFIG = cfg
-        return set_
-    graph_arms(eng, rounds, "moe_tail", {"three": use(None), **{
-        "persistent_" + "_".join(map(str, c)): use(c) for c in MOE_TAIL_ARMS}})
-
-
-# (gate/up block, its K block, down block, warps)
-MOE_TAIL_ARMS = [(4, 1024, 8, 4), (4, 1024, 16, 4), (4, 1024, 32, 8)]
 
 
 def pdl(eng: Engine, rounds: int) -> None:
@@ -518,7 +493,6 @@ def main() -> int:
              ("overhead", lambda: overhead(eng, ck, 4 * a.rounds + 4)),
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
-             ("moe_tail", lambda: moe_tail(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),

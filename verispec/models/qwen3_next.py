@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
-from ..ops import cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_moe_tail, cuda_norms, cuda_slots
+from ..ops import cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norms, cuda_slots
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -610,9 +610,8 @@ class Model:
         split = cuda_gemv.splits(*reversed(router.shape))
         logits = cuda_gemv.linear_rows(h, router, partials=split)     # split: the partials, summed by the router
         top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk)
-        tail = cuda_moe_tail if cuda_moe_tail.enabled else cuda_moe    # one persistent launch, or three
-        return tail.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si],
-                                     m.shared_down, x, norm_w, eps)
+        return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si],
+                                         m.shared_down, x, norm_w, eps)
 
     def moe(self, m: MoE, h, lin, exact):
         exact = policy(exact)
