@@ -16,7 +16,6 @@ arms interleaved within a round):
   undo       the copy of a kept row's slot into the live state (a rejection's undo), per layer
              against multi-tensor copies
   fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on and each one off
-  pipe       the same, with the recurrence loading the next row's inputs early and not
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -300,12 +299,12 @@ def _launch_options():
     products', expert and small kernels' settings and the recurrence's (the sections that vary them)."""
     from verispec.ops import cuda_deltanet, cuda_fusions, cuda_gemv, cuda_launch, cuda_moe, cuda_norms
 
-    pdl_on, steps, pipe = cuda_launch.enabled, cuda_deltanet.STEPS, cuda_deltanet.PIPE
+    pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
-        cuda_launch.enabled, cuda_deltanet.STEPS, cuda_deltanet.PIPE = pdl_on, steps, pipe
+        cuda_launch.enabled, cuda_deltanet.STEPS = pdl_on, steps
         cuda_gemv.CONFIG.clear()
         cuda_gemv.CONFIG.update(gemv_cfg)
         cuda_moe.CONFIG.update(moe_cfg)
@@ -313,15 +312,6 @@ def _launch_options():
         for f, v in fused.items():
             setattr(cuda_fusions, f, v)
     return restore
-
-
-def pipe(eng: Engine, rounds: int) -> None:
-    """The recurrence loading each row's inputs during the row before (cuda_deltanet.PIPE) against
-    loading them when the row starts; the same arithmetic, so the logits must be equal."""
-    from verispec.ops import cuda_deltanet
-
-    graph_arms(eng, rounds, "pipe", {"rows_in_turn": lambda: setattr(cuda_deltanet, "PIPE", False),
-                                     "pipelined": lambda: setattr(cuda_deltanet, "PIPE", True)})
 
 
 def pdl(eng: Engine, rounds: int) -> None:
@@ -503,7 +493,6 @@ def main() -> int:
              ("overhead", lambda: overhead(eng, ck, 4 * a.rounds + 4)),
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
-             ("pipe", lambda: pipe(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),

@@ -54,35 +54,3 @@ def test_model_with_fusions_equals_without(fusions_restored):
         assert torch.equal(ones, many), on
         out[on] = (ones, many)
     assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][1], out[False][1])
-
-
-@pytest.fixture
-def pipe_restored():
-    from verispec.ops import cuda_deltanet as cd
-    kept = cd.PIPE
-    yield cd
-    cd.PIPE = kept
-
-
-def test_recurrence_pipelined_equals_rows_in_turn(pipe_restored):
-    """The recurrence loading row r+1's inputs before row r computes (cuda_deltanet.PIPE) moves
-    no rounding: outputs, final state and every kept row's slot equal the kernel that loads
-    each row's inputs when it starts, bit for bit, for every row count."""
-    from verispec.ops import cuda_slots
-    cd = pipe_restored
-    hk, hv, dk, dv = 16, 32, 128, 128
-    proj = _rand(16, 2 * hk * dk + hv * dv + 100)       # a row stride wider than q|k|v, as the model's
-    mixed = proj[:, :2 * hk * dk + hv * dv]
-    ba = _rand(16, 2 * hv + 8)
-    alog, dtb = torch.rand(hv, device="cuda") * 4, _rand(hv)
-    s0 = torch.randn(hv, dk, dv, device="cuda") * 0.1
-    for m in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16):
-        got = {}
-        for pipe in (True, False):
-            cd.PIPE = pipe
-            st = s0.clone()
-            slots = [torch.zeros_like(s0) for _ in range(m - 1)]
-            tab = cuda_slots.table_of(slots, st) if m > 1 else None
-            got[pipe] = (cd.delta_steps(mixed[:m], ba[:m], alog, dtb, st, tab, hk, dk, dv, out_dtype=BF), st, slots)
-        (o1, s1, l1), (o2, s2, l2) = got[True], got[False]
-        assert torch.equal(o1, o2) and torch.equal(s1, s2) and all(torch.equal(a, b) for a, b in zip(l1, l2)), m

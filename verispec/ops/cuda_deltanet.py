@@ -29,7 +29,6 @@ except ImportError:  # pragma: no cover
 
 enabled = True
 STEPS = (16, 2)   # delta_steps: (value columns per program, warps); bench/cuda_small_sweep.py
-PIPE = True       # delta_steps loads a row's inputs while the row before it computes
 
 if triton is not None:
     @triton.jit
@@ -82,27 +81,16 @@ if triton is not None:
         if SAVE:
             tl.store(slot_ptr + cell, st)
 
-    @triton.jit
-    def _row_inputs(row, brow, kh, h, offs_k, offs_v, HV: tl.constexpr, REP: tl.constexpr, DK: tl.constexpr,
-                    DV: tl.constexpr):
-        """One row's q, k [DK], v [BV] (as stored), and its b, a for head h."""
-        qq = tl.load(row + kh * DK + offs_k)
-        kk = tl.load(row + (HV // REP) * DK + kh * DK + offs_k)
-        vv = tl.load(row + 2 * (HV // REP) * DK + h * DV + offs_v)
-        return qq, kk, vv, tl.load(brow + h), tl.load(brow + HV + h)
-
     # R unspecialised: Triton compiles a separate kernel for an int argument equal to 1 (or a
     # multiple of 16), and a decode row (R = 1) must run the same code as a verify's rows
     @triton.jit(do_not_specialize=["R"])
     def _delta_steps(mix_ptr, mix_stride, ba_ptr, ba_stride, alog_ptr, dtb_ptr, s_ptr, o_ptr, tab_ptr, R,
                      HV: tl.constexpr, REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-                     SCALE: tl.constexpr, EPS: tl.constexpr, SAVE: tl.constexpr, PIPE: tl.constexpr,
-                     PDL: tl.constexpr):
+                     SCALE: tl.constexpr, EPS: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr):
         """_delta_step for rows 0..R-1 in order in one launch: the state block stays in registers
         from row to row (the same fp32 values a launch per row would store and reload), each
         row's output is written, and with SAVE the state after row r < R-1 goes to the slot at
-        tab[r]. PIPE: row r+1's inputs are loaded before row r computes (the same arithmetic;
-        a verify's rows then wait for one load latency, not one each)."""
+        tab[r]."""
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
@@ -115,23 +103,16 @@ if triton is not None:
         st = tl.load(s_ptr + cell)                                     # [DK, BV] fp32
         a_log = tl.load(alog_ptr + h)
         dtb = tl.load(dtb_ptr + h).to(tl.float32)
-        nq, nk, nv, nb, na = _row_inputs(mix_ptr, ba_ptr, kh, h, offs_k, offs_v, HV, REP, DK, DV)
         for r in range(R):
-            if PIPE:    # this row's inputs were loaded during the row before; load the next's
-                qq, kk, vv, b_in, a_in = nq, nk, nv, nb, na
-                nxt = tl.minimum(r + 1, R - 1)     # the last row reloads itself (unused)
-                nq, nk, nv, nb, na = _row_inputs(mix_ptr + nxt * mix_stride, ba_ptr + nxt * ba_stride, kh, h, offs_k,
-                                                 offs_v, HV, REP, DK, DV)
-            else:
-                qq, kk, vv, b_in, a_in = _row_inputs(mix_ptr + r * mix_stride, ba_ptr + r * ba_stride, kh, h,
-                                                     offs_k, offs_v, HV, REP, DK, DV)
-            qq = qq.to(tl.float32)
-            kk = kk.to(tl.float32)
-            vv = vv.to(tl.float32)
+            row = mix_ptr + r * mix_stride
+            qq = tl.load(row + kh * DK + offs_k).to(tl.float32)
+            kk = tl.load(row + (HV // REP) * DK + kh * DK + offs_k).to(tl.float32)
+            vv = tl.load(row + 2 * (HV // REP) * DK + h * DV + offs_v).to(tl.float32)
             qq = qq * tl.rsqrt(tl.sum(qq * qq, 0) + EPS) * SCALE
             kk = kk * tl.rsqrt(tl.sum(kk * kk, 0) + EPS)
-            beta = tl.sigmoid(b_in.to(tl.float32)).to(ba_ptr.dtype.element_ty).to(tl.float32)
-            a = a_in.to(tl.float32) + dtb
+            brow = ba_ptr + r * ba_stride
+            beta = tl.sigmoid(tl.load(brow + h).to(tl.float32)).to(brow.dtype.element_ty).to(tl.float32)
+            a = tl.load(brow + HV + h).to(tl.float32) + dtb
             g = -a_log * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
             st = st * tl.exp(g)
             kv = tl.sum(st * kk[:, None], axis=0)                      # [BV]
@@ -196,6 +177,6 @@ def delta_steps(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tensor, 
     tab = slot_table if slot_table is not None else state
     _delta_steps[(hv, triton.cdiv(dv, bv))](mixed, mixed.stride(0), ba, ba.stride(0), a_log_exp, dt_bias, state, out,
                                            tab, rows, HV=hv, REP=hv // hk, DK=dk, DV=dv, BV=bv, SCALE=dk ** -0.5,
-                                           EPS=eps, SAVE=slot_table is not None, PIPE=PIPE, num_warps=warps,
+                                           EPS=eps, SAVE=slot_table is not None, num_warps=warps,
                                            **cuda_launch.flags(mixed.device))
     return out
