@@ -125,7 +125,7 @@ def main() -> int:
         mb = k * n * 2 / 1e6
         res["us_per_kernel"][name] = {"median": statistics.median(v), "min": min(v), "max": max(v), "MB": mb}
         print(f"{name}: {statistics.median(v):.2f} us per product [{min(v):.2f}-{max(v):.2f}] for {mb:.1f} MB "
-              f"({mb / statistics.median(v) / 1e6:.2f} TB/s)", flush=True)
+              f"({mb / statistics.median(v):.2f} TB/s)", flush=True)
         del g
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
