@@ -16,7 +16,6 @@ arms interleaved within a round):
   undo       the copy of a kept row's slot into the live state (a rejection's undo), per layer
              against multi-tensor copies
   fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on and each one off
-  topk       the same, with the router's top-k by a bitonic top-k and by a max per pick
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -302,7 +301,6 @@ def _launch_options():
 
     pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
-    topk_sorted = cuda_moe.TOPK_SORTED
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
@@ -310,25 +308,10 @@ def _launch_options():
         cuda_gemv.CONFIG.clear()
         cuda_gemv.CONFIG.update(gemv_cfg)
         cuda_moe.CONFIG.update(moe_cfg)
-        cuda_moe.TOPK_SORTED = topk_sorted
         cuda_norms.WARPS.update(warps)
         for f, v in fused.items():
             setattr(cuda_fusions, f, v)
     return restore
-
-
-def topk(eng: Engine, rounds: int) -> None:
-    """The router's top-k by one bitonic top-k (cuda_moe.TOPK_SORTED) against a max per pick, and
-    the bitonic one with 2 and 4 warps; the same picks, so the logits must be equal."""
-    from verispec.ops import cuda_moe
-
-    def use(sorted_, warps=1):
-        def set_():
-            cuda_moe.TOPK_SORTED = sorted_
-            cuda_moe.CONFIG["route"] = warps
-        return set_
-    graph_arms(eng, rounds, "topk", {"max_per_pick": use(False), "bitonic": use(True),
-                                     "bitonic_2_warps": use(True, 2), "bitonic_4_warps": use(True, 4)})
 
 
 def pdl(eng: Engine, rounds: int) -> None:
@@ -510,7 +493,6 @@ def main() -> int:
              ("overhead", lambda: overhead(eng, ck, 4 * a.rounds + 4)),
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
-             ("topk", lambda: topk(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),

@@ -54,32 +54,3 @@ def test_model_with_fusions_equals_without(fusions_restored):
         assert torch.equal(ones, many), on
         out[on] = (ones, many)
     assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][1], out[False][1])
-
-
-@pytest.fixture
-def topk_restored():
-    from verispec.ops import cuda_moe
-    kept = cuda_moe.TOPK_SORTED
-    yield cuda_moe
-    cuda_moe.TOPK_SORTED = kept
-
-
-def test_router_bitonic_top_k_equals_a_max_per_pick(topk_restored):
-    """The router's top-k by one bitonic top-k picks the same experts, in the same order, with
-    the same weights as a max per pick, ties included (to the lower id), with and without the
-    shared expert's slot and from split-K partials."""
-    cuda_moe = topk_restored
-    e, k = 256, 8
-    for trial in range(4):
-        parts = torch.randn(8, 16, 264, device="cuda") * (0.3 if trial % 2 else 2.0)
-        if trial >= 2:      # exact ties inside the top k
-            parts[:, :, [10, 20, 30, 200]] = parts[:, :, 20:21] + 4.0
-        logits = parts.sum(0).to(BF)
-        got = {}
-        for sorted_ in (True, False):
-            cuda_moe.TOPK_SORTED = sorted_
-            got[sorted_] = (cuda_moe.route_shared(parts, 16, e, k, True) + cuda_moe.route_shared(logits, 16, e, k, False)
-                            + cuda_moe.route(logits, e, k, True))
-        assert all(torch.equal(a, b) for a, b in zip(got[True], got[False])), trial
-        if trial >= 2:
-            assert (got[True][1][:, :4] == torch.tensor([10, 20, 30, 200], device="cuda", dtype=torch.int32)).all()

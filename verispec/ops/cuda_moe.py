@@ -150,23 +150,9 @@ if triton is not None:
         return wv, iv
 
     @triton.jit
-    def _top_k_sorted(p, offs, ks, TOP_K: tl.constexpr, KP: tl.constexpr, BLOCK_E: tl.constexpr):
-        """_top_k by one bitonic top-k of the same keys (tl.topk: sorted descending, so pick j
-        is the j-th largest key, as _top_k's j-th max): the same values and indices."""
-        key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - offs).to(tl.int64)
-        if KP == 2 * TOP_K:     # the K picks, then K empty slots (the shared expert's goes after them)
-            top = tl.topk(key, TOP_K)
-            top = tl.reshape(tl.trans(tl.join(top, tl.zeros_like(top))), [KP])
-        else:
-            top = tl.topk(key, KP)
-        wv = tl.where(ks < TOP_K, (top >> 32).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
-        iv = tl.where(ks < TOP_K, BLOCK_E - 1 - (top & 0xFFFFFFFF).to(tl.int32), 0)
-        return wv, iv
-
-    @triton.jit
     def _route(x_ptr, stride, split_stride, w_ptr, i_ptr, E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
                NORM: tl.constexpr, BLOCK_E: tl.constexpr, SPLIT: tl.constexpr, SHARED: tl.constexpr,
-               SORTED: tl.constexpr, PDL: tl.constexpr):
+               PDL: tl.constexpr):
         """One row's router: softmax over E logits (fp32), the top K by repeated argmax (ties
         to the lower expert id), optionally renormalised. SPLIT > 1: x holds the fp32 partials
         of the router product (SPLIT chunks of K, split_stride apart), summed here in chunk
@@ -197,10 +183,7 @@ if triton is not None:
         ex = tl.exp(x - tl.max(x, 0))
         p = tl.where(ok, ex / tl.sum(ex, 0), -1.0)
         ks = tl.arange(0, KP)
-        if SORTED:
-            wv, iv = _top_k_sorted(p, offs, ks, TOP_K, KP, BLOCK_E)
-        else:
-            wv, iv = _top_k(p, offs, ks, TOP_K, KP, BLOCK_E)
+        wv, iv = _top_k(p, offs, ks, TOP_K, KP, BLOCK_E)
         if NORM:
             wv = wv / tl.sum(wv, 0)
         if SHARED:
@@ -229,7 +212,6 @@ if triton is not None:
 # by row count would change the reduction order with it). Chosen on the H200 by
 # bench/cuda_moe_sweep.py (docs/cuda.md); gate/up from `--wide` and the whole forward's A/B
 # (bench/cuda_bench.py --sections gate_up: 0.959x of (8, 512, 4, 3) at 1 row, 0.984x at 4).
-TOPK_SORTED = True   # the router's top-k by one bitonic top-k (tl.topk) instead of a max per pick
 CONFIG = {"gate_up": (4, 1024, 8, 1), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),
           "combine_norm": 32, "route": 1}   # the last two: warps (bench/cuda_small_sweep.py)
 
@@ -243,7 +225,7 @@ def route(logits: torch.Tensor, n_experts: int, top_k: int, norm: bool) -> tuple
     w = torch.empty(rows, top_k, dtype=torch.float32, device=logits.device)
     i = torch.empty(rows, top_k, dtype=torch.int32, device=logits.device)
     _route[(rows,)](logits, logits.stride(0), 0, w, i, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k),
-                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), SPLIT=1, SHARED=False, SORTED=TOPK_SORTED, num_warps=4,
+                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), SPLIT=1, SHARED=False, num_warps=4,
                     **cuda_launch.flags(logits.device))
     return w, i
 
@@ -265,8 +247,7 @@ def route_shared(x: torch.Tensor, rows: int, n_experts: int, top_k: int,
     w = torch.empty(rows, top_k + 1, dtype=torch.float32, device=x.device)
     i = torch.empty(rows, top_k + 1, dtype=torch.int32, device=x.device)
     _route[(rows,)](x, stride, split_stride, w, i, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k + 1),
-                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), SPLIT=split, SHARED=True, SORTED=TOPK_SORTED,
-                    num_warps=CONFIG["route"],
+                    NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), SPLIT=split, SHARED=True, num_warps=CONFIG["route"],
                     **cuda_launch.flags(x.device))
     return w, i
 
