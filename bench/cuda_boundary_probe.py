@@ -34,6 +34,9 @@ try:  # CUDA builds of torch ship triton
 except ImportError:
     triton = None
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cuda_timing import capture, replay_us  # noqa: E402
+
 if triton is not None:
     @triton.jit
     def _nothing(x_ptr, PDL: tl.constexpr):
@@ -56,15 +59,7 @@ def product_chain(k: int, n: int, partials: bool, reps: int) -> torch.cuda.CUDAG
     ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(torch.bfloat16) for _ in range(16)]
     x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
 
-    def run():
-        for _ in range(reps):
-            for w in ws:
-                cuda_gemv.linear_rows(x, w, partials=partials)
-    run()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        run()
+    g = capture(lambda: [cuda_gemv.linear_rows(x, w, partials=partials) for _ in range(reps) for w in ws])
     g.weights = ws          # kept alive with the graph
     return g
 
@@ -79,24 +74,11 @@ def chain(kind: str, n: int, pdl: bool, buf: torch.Tensor) -> torch.cuda.CUDAGra
             _nothing[(132,)](buf, num_warps=1, **kw)
         else:
             _row[(1,)](buf, N=2048, num_warps=4, **kw)
-    one()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            one()
-    return g
+    return capture(lambda: [one() for _ in range(n)])
 
 
 def per_kernel_us(g: torch.cuda.CUDAGraph, n: int, reps: int = 20) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    g.replay()
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (reps * n)
+    return replay_us(g, reps) / n
 
 
 def main() -> int:

@@ -34,7 +34,10 @@ try:  # CUDA builds of torch ship triton; without it there is nothing to probe
 except ImportError:
     triton = None
 
-from verispec.ops import cuda_gemv
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cuda_timing import capture, replay_us  # noqa: E402
+
+from verispec.ops import cuda_gemv  # noqa: E402
 
 CHUNK = 1 << 16          # bytes per bulk prefetch
 
@@ -119,32 +122,14 @@ if triton is not None:
               "attn_qkv 2048x9216": (2048, 9216)}
 
 def graph_of(fns) -> torch.cuda.CUDAGraph:
-    for f in fns:               # warm-up: compile, allocate
-        f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    return g
-
-
-def per_replay(g: torch.cuda.CUDAGraph, n: int = 40) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    g.replay()
-    start.record()
-    for _ in range(n):
-        g.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / n * 1e3      # us
+    return capture(lambda: [f() for f in fns])
 
 
 def diff(with_, without, rounds: int) -> tuple[float, float, float]:
     """Median, min, max over rounds of (with - without), interleaved."""
     d = []
     for _ in range(rounds):
-        d.append(per_replay(with_) - per_replay(without))
+        d.append(replay_us(with_, 40) - replay_us(without, 40))
     return statistics.median(d), min(d), max(d)
 
 
