@@ -54,3 +54,33 @@ def test_model_with_fusions_equals_without(fusions_restored):
         assert torch.equal(ones, many), on
         out[on] = (ones, many)
     assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][1], out[False][1])
+
+
+@pytest.fixture
+def shared_first_restored():
+    from verispec.ops import cuda_moe
+    kept = cuda_moe.SHARED_FIRST
+    yield cuda_moe
+    cuda_moe.SHARED_FIRST = kept
+
+
+def test_shared_expert_first_moves_no_bit(shared_first_restored):
+    """The shared expert's gate/up programs first, not waiting for the router
+    (cuda_moe.SHARED_FIRST): the MoE's residual sum and normed output equal those with every
+    program waiting, bit for bit, for every row count, right after the router's launch."""
+    cuda_moe = shared_first_restored
+    from verispec.ops import cuda_gemv
+    e, inter, h, k = 256, 512, 2048, 8
+    pre = _rand(1288, h) * h ** -0.5 * 4
+    router, sgu = pre[:264], pre[e + 1:e + 1 + 2 * inter]
+    hx, resid = _rand(16, h), _rand(16, h)
+    gu, dn = _rand(e, 2 * inter, h) * h ** -0.5, _rand(e, h, inter) * inter ** -0.5
+    sdown, nw = _rand(h, inter) * inter ** -0.5, _rand(h) * 0.1
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16):
+        got = {}
+        for first in (True, False):
+            cuda_moe.SHARED_FIRST = first
+            parts = cuda_gemv.linear_rows(hx[:m], router, partials=True)
+            w, i = cuda_moe.route_shared(parts, m, e, k, True)
+            got[first] = cuda_moe.experts_add_norm(hx[:m], w, i, gu, dn, sgu, sdown, resid[:m], nw, 1e-6)
+        assert torch.equal(got[True][0], got[False][0]) and torch.equal(got[True][1], got[False][1]), m

@@ -29,15 +29,29 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
-    @triton.jit
-    def _gate_up_act(x_ptr, w_ptr, ids_ptr, act_ptr, sh_off, I: tl.constexpr, H: tl.constexpr, TOP_K: tl.constexpr,
-                     E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
-            gdc_wait()
+    @triton.jit(do_not_specialize=["R"])
+    def _gate_up_act(x_ptr, w_ptr, ids_ptr, act_ptr, sh_off, R, I: tl.constexpr, H: tl.constexpr, TOP_K: tl.constexpr,
+                     E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SHARED_FIRST: tl.constexpr,
+                     PDL: tl.constexpr):
+        """SHARED_FIRST (each row's last slot is the shared expert, id E): grid (blocks, pairs)
+        with the R rows' shared pairs first; their programs need nothing from the router (the
+        kernel before this one: its input x is older, their expert is fixed), so they skip the
+        wait and stream the shared expert's weights while the router runs. Every program's
+        arithmetic is the same either way."""
+        if SHARED_FIRST:
+            q = tl.program_id(1)
+            nb = tl.program_id(0)
+            routed = q >= R
+            pair = tl.where(routed, ((q - R) // (TOP_K - 1)) * TOP_K + (q - R) % (TOP_K - 1), q * TOP_K + TOP_K - 1)
+        else:
+            pair = tl.program_id(0)
+            nb = tl.program_id(1)
+            routed = pair >= 0
+        if PDL:   # verispec/ops/cuda_launch.py: nothing the previous kernel writes is touched before it is done
+            if routed:
+                gdc_wait()
             gdc_launch_dependents()
-        pair = tl.program_id(0)
-        nb = tl.program_id(1)
-        e = tl.load(ids_ptr + pair).to(tl.int64)
+        e = tl.load(ids_ptr + pair, mask=routed, other=E).to(tl.int64)
         row = pair // TOP_K
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < I
@@ -212,6 +226,7 @@ if triton is not None:
 # by row count would change the reduction order with it). Chosen on the H200 by
 # bench/cuda_moe_sweep.py (docs/cuda.md); gate/up from `--wide` and the whole forward's A/B
 # (bench/cuda_bench.py --sections gate_up: 0.959x of (8, 512, 4, 3) at 1 row, 0.984x at 4).
+SHARED_FIRST = True   # the shared expert's gate/up programs first, not waiting for the router
 CONFIG = {"gate_up": (4, 1024, 8, 1), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),
           "combine_norm": 32, "route": 1}   # the last two: warps (bench/cuda_small_sweep.py)
 
@@ -277,9 +292,10 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
     dn_off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size() if shared_down is not None else 0
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     bn, bk, nw, ns = CONFIG["gate_up"]
-    _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, inter, h, TOP_K=pairs_per_row, E=e,
-                                              BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns,
-                                              **cuda_launch.flags(x.device))
+    first = SHARED_FIRST and shared_gu is not None
+    grid = (triton.cdiv(inter, bn), n) if first else (n, triton.cdiv(inter, bn))
+    _gate_up_act[grid](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h, TOP_K=pairs_per_row, E=e, BLOCK_N=bn,
+                       BLOCK_K=bk, SHARED_FIRST=first, num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
     y = torch.empty(n, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
     _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
