@@ -84,3 +84,46 @@ def test_shared_expert_first_moves_no_bit(shared_first_restored):
             w, i = cuda_moe.route_shared(parts, m, e, k, True)
             got[first] = cuda_moe.experts_add_norm(hx[:m], w, i, gu, dn, sgu, sdown, resid[:m], nw, 1e-6)
         assert torch.equal(got[True][0], got[False][0]) and torch.equal(got[True][1], got[False][1]), m
+
+
+@pytest.fixture
+def preloads_restored():
+    from verispec.ops import cuda_launch, cuda_moe
+    kept, first = dict(cuda_launch.PRELOAD), cuda_moe.SHARED_FIRST
+    yield cuda_launch, cuda_moe
+    cuda_launch.PRELOAD.update(kept)
+    cuda_moe.SHARED_FIRST = first
+
+
+def test_model_with_preloads_equals_without(preloads_restored):
+    """Inputs read before a kernel's wait (cuda_launch.PRELOAD) and the shared expert's programs
+    first (cuda_moe.SHARED_FIRST) move loads, not arithmetic: the real-shaped model's decode rows
+    and a verify's rows (with copy slots) have the same logits with every preload on, each one
+    alone and none, eager and graphed, and the state after them is the same."""
+    cuda_launch, cuda_moe = preloads_restored
+    ck = random_checkpoint(preset_config("qwen3.6-35b-a3b-shape", layers=4), seed=23, device="cuda")
+    sites = list(cuda_launch.PRELOAD)
+    arms = {"all": (set(sites), True), "none": (set(), False)}
+    arms.update({s: ({s}, False) for s in sites})
+    ids = [2, 7, 1, 8, 2, 8]
+    ref = None
+    for graphs in (False, True):
+        eng = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=graphs))
+        for name, (on, first) in arms.items():
+            cuda_launch.PRELOAD.update({s: s in on for s in sites})
+            cuda_moe.SHARED_FIRST = first
+            if graphs:   # the options matter at capture: a fresh runner per arm
+                from verispec.cuda_graphs import GraphedForward
+                eng.model.graphs = GraphedForward(eng.model, eng.model.graphs.max_rows)
+            st1, stn = eng.model.new_state(64), eng.model.new_state(64)
+            eng.model.forward(REPEAT_PROMPT, st1)
+            eng.model.forward(REPEAT_PROMPT, stn)
+            stn.ensure_slots(len(ids))
+            ones = torch.cat([eng.model.forward([t], st1).logits for t in ids])
+            many = eng.model.forward(ids, stn, save_slots=True).logits
+            rec = torch.cat([r.flatten() for r in st1.recurrent.rec])
+            got = (ones, many, rec)
+            assert torch.equal(ones, many), (graphs, name)
+            if ref is None:
+                ref = got
+            assert all(torch.equal(a, b) for a, b in zip(ref, got)), (graphs, name)
