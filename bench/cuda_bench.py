@@ -17,8 +17,6 @@ arms interleaved within a round):
              against multi-tensor copies
   fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on and each one off
   shared_first  the same, with the shared expert's gate/up programs first and not waiting, and not
-  preload    the same, with inputs read before each kernel's wait (cuda_launch.PRELOAD) in steps:
-             none, the shared expert first, + after streaming kernels, + the norms, + the products
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -304,7 +302,7 @@ def _launch_options():
 
     pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
-    shared_first, preload = cuda_moe.SHARED_FIRST, dict(cuda_launch.PRELOAD)
+    shared_first = cuda_moe.SHARED_FIRST
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
@@ -313,7 +311,6 @@ def _launch_options():
         cuda_gemv.CONFIG.update(gemv_cfg)
         cuda_moe.CONFIG.update(moe_cfg)
         cuda_moe.SHARED_FIRST = shared_first
-        cuda_launch.PRELOAD.update(preload)
         cuda_norms.WARPS.update(warps)
         for f, v in fused.items():
             setattr(cuda_fusions, f, v)
@@ -328,26 +325,6 @@ def shared_first(eng: Engine, rounds: int) -> None:
 
     graph_arms(eng, rounds, "shared_first", {"all_wait": lambda: setattr(cuda_moe, "SHARED_FIRST", False),
                                              "shared_first": lambda: setattr(cuda_moe, "SHARED_FIRST", True)})
-
-
-def preloads(eng: Engine, rounds: int) -> None:
-    """Inputs read before each kernel's wait (verispec/ops/cuda_launch.py), added site by site
-    after the shared expert's programs first: the same loads and arithmetic, so the logits
-    must be equal in every arm."""
-    from verispec.ops import cuda_launch, cuda_moe
-
-    steps = {"none": (False, ()), "shared_first": (True, ()),
-             "streaming": (True, ("down", "delta", "combine")),
-             "norms": (True, ("down", "delta", "combine", "norm")),
-             "all": (True, ("down", "delta", "combine", "norm", "gemv"))}
-
-    def arm(first, on):
-        def set_options():
-            cuda_moe.SHARED_FIRST = first
-            cuda_launch.PRELOAD.update({s: s in on for s in cuda_launch.PRELOAD})
-        return set_options
-
-    graph_arms(eng, rounds, "preload", {k: arm(*v) for k, v in steps.items()})
 
 
 def pdl(eng: Engine, rounds: int) -> None:
@@ -530,7 +507,6 @@ def main() -> int:
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
              ("shared_first", lambda: shared_first(eng, 4 * a.rounds + 4)),
-             ("preload", lambda: preloads(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),

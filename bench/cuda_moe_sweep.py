@@ -67,8 +67,8 @@ def main() -> int:
                 continue
             try:
                 t = graph_us([lambda: cuda_moe._down_pair[(rows * K, H // bn)](
-                    act, dn, next(it), y, 0, H, INTER, E=E, BLOCK_N=bn, BLOCK_K=bk, PRE=False, num_warps=nw,
-                    num_stages=ns, PDL=False)])
+                    act, dn, next(it), y, 0, H, INTER, E=E, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns,
+                    PDL=False)])
                 res["down"].append({"rows": rows, "cfg": [bn, bk, nw, ns], "us": t, "TBps": dn_bytes / t / 1e6})
             except Exception as e:
                 print("down", bn, bk, nw, ns, type(e).__name__, flush=True)
@@ -79,7 +79,7 @@ def main() -> int:
             # combine with the residual add and norm: cuda_moe.experts_add_norm)
             t = graph_us([lambda: cuda_moe._combine[(rows, H // blk)](y, wts, out, wts, 1, out, out, out, out, 0.0, H,
                                                                     TOP_K=K, SLOTS=K, HAS_EXTRA=True, HAS_GATE=True,
-                                                                    SHARED=False, NORM=False, BLOCK=blk, PRE=False,
+                                                                    SHARED=False, NORM=False, BLOCK=blk,
                                                                     num_warps=nw, PDL=False)])
             res["combine"].append({"rows": rows, "cfg": [blk, 0, nw, 1], "us": t})
     for kern in ("gate_up", "down", "combine"):

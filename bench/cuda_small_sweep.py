@@ -94,7 +94,7 @@ def main() -> int:
     def combine(cfg, rows):
         return lambda: cuda_moe._combine[(rows, 1)](y, wts, out, wts, 0, out, x16, w, s, 1e-6, H, TOP_K=K, SLOTS=K + 1,
                                                     HAS_EXTRA=False, HAS_GATE=False, SHARED=True, NORM=True,
-                                                    BLOCK=H, PRE=False, num_warps=cfg[0], num_stages=1, PDL=False)
+                                                    BLOCK=H, num_warps=cfg[0], num_stages=1, PDL=False)
     sweep("combine + add + norm", [(4,), (8,), (16,), (32,)], combine, res)
 
     hk, hv, dk, dv = 16, 32, 128, 128

@@ -109,8 +109,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, rows=False) -> t
 
 def add_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, rows=False):
     """(x + h, rms_norm(x + h)): the residual add and the next norm, one launch on the GPU."""
-    if cuda_norms.usable(x):   # x is the residual stream: the launch just before wrote h, never x
-        return cuda_norms.add_row_norm(x, h, weight, eps, x_ready=True)
+    if cuda_norms.usable(x):
+        return cuda_norms.add_row_norm(x, h, weight, eps)
     x = x + h
     return x, rms_norm(x, weight, eps, rows)
 
@@ -124,11 +124,10 @@ def _gated_rms_norm(x, gate, weight, eps, rp: Rows):
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
                    exact=True) -> torch.Tensor:
-    """DeltaNet output norm: plain-weight RMSNorm, then times silu(gate). The gate is the input
-    product's output, written at least two launches before this one (the recurrence is between)."""
+    """DeltaNet output norm: plain-weight RMSNorm, then times silu(gate)."""
     rp = policy(exact)
     if cuda_norms.usable(x):
-        return cuda_norms.row_norm(x, cuda_norms.GATED, eps, weight, gate, gate_ready=True)
+        return cuda_norms.row_norm(x, cuda_norms.GATED, eps, weight, gate)
     if isinstance(rp, Padded):
         return rp.reduce(lambda a, b: _gated_rms_norm(a, b, weight, eps, BATCH), x, gate)
     return _gated_rms_norm(x, gate, weight, eps, rp)

@@ -86,30 +86,23 @@ if triton is not None:
     @triton.jit(do_not_specialize=["R"])
     def _delta_steps(mix_ptr, mix_stride, ba_ptr, ba_stride, alog_ptr, dtb_ptr, s_ptr, o_ptr, tab_ptr, R,
                      HV: tl.constexpr, REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-                     SCALE: tl.constexpr, EPS: tl.constexpr, SAVE: tl.constexpr, PRE: tl.constexpr,
-                     PDL: tl.constexpr):
+                     SCALE: tl.constexpr, EPS: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr):
         """_delta_step for rows 0..R-1 in order in one launch: the state block stays in registers
         from row to row (the same fp32 values a launch per row would store and reload), each
         row's output is written, and with SAVE the state after row r < R-1 goes to the slot at
-        tab[r]. PRE: the state block and the head's constants are loaded before the wait
-        (cuda_launch.py: only this kernel writes the state), while the input product finishes."""
+        tab[r]."""
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         h = tl.program_id(0)
         vb = tl.program_id(1)
         kh = h // REP
         offs_k = tl.arange(0, DK)
         offs_v = vb * BV + tl.arange(0, BV)
         cell = h * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
-        if PRE:
-            st = tl.load(s_ptr + cell)                                 # [DK, BV] fp32
-            a_log = tl.load(alog_ptr + h)
-            dtb = tl.load(dtb_ptr + h).to(tl.float32)
-        if PDL:   # verispec/ops/cuda_launch.py: nothing the previous kernel writes is touched before it is done
-            gdc_wait()
-            gdc_launch_dependents()
-        if not PRE:
-            st = tl.load(s_ptr + cell)                                 # [DK, BV] fp32
-            a_log = tl.load(alog_ptr + h)
-            dtb = tl.load(dtb_ptr + h).to(tl.float32)
+        st = tl.load(s_ptr + cell)                                     # [DK, BV] fp32
+        a_log = tl.load(alog_ptr + h)
+        dtb = tl.load(dtb_ptr + h).to(tl.float32)
         for r in range(R):
             row = mix_ptr + r * mix_stride
             qq = tl.load(row + kh * DK + offs_k).to(tl.float32)
@@ -184,6 +177,6 @@ def delta_steps(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tensor, 
     tab = slot_table if slot_table is not None else state
     _delta_steps[(hv, triton.cdiv(dv, bv))](mixed, mixed.stride(0), ba, ba.stride(0), a_log_exp, dt_bias, state, out,
                                            tab, rows, HV=hv, REP=hv // hk, DK=dk, DV=dv, BV=bv, SCALE=dk ** -0.5,
-                                           EPS=eps, SAVE=slot_table is not None, PRE=cuda_launch.pre("delta", mixed.device),
-                                           num_warps=warps, **cuda_launch.flags(mixed.device))
+                                           EPS=eps, SAVE=slot_table is not None, num_warps=warps,
+                                           **cuda_launch.flags(mixed.device))
     return out

@@ -46,14 +46,16 @@ if triton is not None:
     def _gemv_rows(x_ptr, w_ptr, out_ptr, R, N, x_stride, ring_ptr, cw_ptr, tab_ptr, C, K: tl.constexpr,
                    ROWS_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                    CONV: tl.constexpr, KC: tl.constexpr, SAVE: tl.constexpr, ROUND: tl.constexpr,
-                   PRE: tl.constexpr, PDL: tl.constexpr):
+                   PDL: tl.constexpr):
         """Program (nb, s): output columns block nb over the s-th of SPLIT chunks of K. SPLIT 1:
         out is y [R, N]; else out is the fp32 partials [SPLIT, ROWS_P, N] for _split_sum.
         CONV (SPLIT 1): columns below C are the DeltaNet's conv channels; their rows go through
         the causal conv, row after row, in this program (see _conv_epilogue). ROUND: y is
         rounded to x's dtype before it is stored in out's (fp32 logits equal to the bf16
-        product's, widened). PRE: the first K block's weights are loaded before the wait
-        (cuda_launch.py: weights are never written), the same block the loop would load first."""
+        product's, widened)."""
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         nb = tl.program_id(0)
         sp = tl.program_id(1)
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -61,19 +63,8 @@ if triton is not None:
         n_ok = offs_n < N
         r_ok = offs_r < R
         w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
-        if PRE:
-            w0 = tl.load(w_rows + (sp * (K // SPLIT) + tl.arange(0, BLOCK_K))[None, :], mask=n_ok[:, None], other=0.0)
-        if PDL:   # verispec/ops/cuda_launch.py: nothing the previous kernel writes is touched before it is done
-            gdc_wait()
-            gdc_launch_dependents()
         acc = tl.zeros([ROWS_P, BLOCK_N], dtype=tl.float32)
-        first = 0
-        if PRE:   # the loop's first step, with the block already loaded
-            offs_k = sp * (K // SPLIT) + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + offs_r[:, None] * x_stride + offs_k[None, :], mask=r_ok[:, None], other=0.0)
-            acc = tl.dot(x, tl.trans(w0), acc)
-            first = BLOCK_K
-        for k0 in range(first, K // SPLIT, BLOCK_K):
+        for k0 in range(0, K // SPLIT, BLOCK_K):
             offs_k = sp * (K // SPLIT) + k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + offs_r[:, None] * x_stride + offs_k[None, :], mask=r_ok[:, None], other=0.0)
             w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
@@ -216,9 +207,8 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, p
         cargs, save = (conv.ring, conv.weight, tab, conv.ring.shape[0]), conv.slots is not None
     _gemv_rows[(triton.cdiv(n, bn), split)](x, w, out, rows, n, x.stride(0), *cargs, K=k, ROWS_P=ROWS, BLOCK_N=bn,
                                             BLOCK_K=bk, SPLIT=split, CONV=conv is not None, KC=4, SAVE=save,
-                                            ROUND=out_dtype is not None and out_dtype != x.dtype,
-                                            PRE=cuda_launch.pre("gemv", x.device), num_warps=nw, num_stages=ns,
-                                            **cuda_launch.flags(x.device))
+                                            ROUND=out_dtype is not None and out_dtype != x.dtype, num_warps=nw,
+                                            num_stages=ns, **cuda_launch.flags(x.device))
     if partials:
         return out
     if split > 1:

@@ -37,8 +37,8 @@ if triton is not None:
         with the R rows' shared pairs first; their programs need nothing from the router (the
         kernel before this one: its input x is older, their expert is fixed), so they skip the
         wait and stream the shared expert's weights while the router runs, waiting only
-        before their store (cuda_launch.py: nothing is written before the wait). Every
-        program's arithmetic is the same either way."""
+        before their store (nothing is written before the wait: the output buffer may reuse
+        memory the router still reads). Every program's arithmetic is the same either way."""
         if SHARED_FIRST:
             q = tl.program_id(1)
             nb = tl.program_id(0)
@@ -83,80 +83,43 @@ if triton is not None:
 
     @triton.jit
     def _down_pair(act_ptr, w_ptr, ids_ptr, y_ptr, sh_off, H: tl.constexpr, I: tl.constexpr, E: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE: tl.constexpr, PDL: tl.constexpr):
-        """PRE (I at most 4 blocks of BLOCK_K): the pair's expert id (the router's, two launches
-        back) and the program's whole weight block are loaded before the wait (cuda_launch.py),
-        so the block is in flight while gate/up finishes; then the same steps as the loop."""
-        pair = tl.program_id(0)
-        nb = tl.program_id(1)
-        offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < H
-        offs_b = tl.arange(0, BLOCK_K)
-        if PRE:
-            e = tl.load(ids_ptr + pair).to(tl.int64)
-            w_rows = w_ptr + tl.where(e == E, sh_off, e * H * I) + offs_n[:, None].to(tl.int64) * I
-            w0 = tl.load(w_rows + offs_b[None, :], mask=n_ok[:, None] & (offs_b < I)[None, :], other=0.0)
-            if I > BLOCK_K:
-                w1 = tl.load(w_rows + (BLOCK_K + offs_b)[None, :], mask=n_ok[:, None] & (BLOCK_K + offs_b < I)[None, :],
-                             other=0.0)
-            if I > 2 * BLOCK_K:
-                w2 = tl.load(w_rows + (2 * BLOCK_K + offs_b)[None, :],
-                             mask=n_ok[:, None] & (2 * BLOCK_K + offs_b < I)[None, :], other=0.0)
-            if I > 3 * BLOCK_K:
-                w3 = tl.load(w_rows + (3 * BLOCK_K + offs_b)[None, :],
-                             mask=n_ok[:, None] & (3 * BLOCK_K + offs_b < I)[None, :], other=0.0)
-        if PDL:   # verispec/ops/cuda_launch.py: nothing the previous kernel writes is touched before it is done
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
+        pair = tl.program_id(0)
+        nb = tl.program_id(1)
+        e = tl.load(ids_ptr + pair).to(tl.int64)
+        offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < H
+        w_rows = w_ptr + tl.where(e == E, sh_off, e * H * I) + offs_n[:, None].to(tl.int64) * I
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        if PRE:   # the loop below, unrolled over the blocks already loaded
-            av = tl.load(act_ptr + pair * I + offs_b, mask=offs_b < I, other=0.0).to(tl.float32)
-            acc += w0.to(tl.float32) * av[None, :]
-            if I > BLOCK_K:
-                av = tl.load(act_ptr + pair * I + BLOCK_K + offs_b, mask=BLOCK_K + offs_b < I, other=0.0).to(tl.float32)
-                acc += w1.to(tl.float32) * av[None, :]
-            if I > 2 * BLOCK_K:
-                av = tl.load(act_ptr + pair * I + 2 * BLOCK_K + offs_b, mask=2 * BLOCK_K + offs_b < I,
-                             other=0.0).to(tl.float32)
-                acc += w2.to(tl.float32) * av[None, :]
-            if I > 3 * BLOCK_K:
-                av = tl.load(act_ptr + pair * I + 3 * BLOCK_K + offs_b, mask=3 * BLOCK_K + offs_b < I,
-                             other=0.0).to(tl.float32)
-                acc += w3.to(tl.float32) * av[None, :]
-        else:
-            e = tl.load(ids_ptr + pair).to(tl.int64)
-            w_rows = w_ptr + tl.where(e == E, sh_off, e * H * I) + offs_n[:, None].to(tl.int64) * I
-            for k0 in range(0, I, BLOCK_K):
-                offs_k = k0 + offs_b
-                k_ok = offs_k < I
-                av = tl.load(act_ptr + pair * I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-                acc += wv * av[None, :]
+        for k0 in range(0, I, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = offs_k < I
+            av = tl.load(act_ptr + pair * I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            acc += wv * av[None, :]
         tl.store(y_ptr + pair * H + offs_n, tl.sum(acc, axis=1), mask=n_ok)
 
     @triton.jit
     def _combine(y_ptr, wt_ptr, extra_ptr, gate_ptr, gate_stride, out_ptr, res_ptr, nw_ptr, s_ptr, eps,
                  H: tl.constexpr, TOP_K: tl.constexpr, SLOTS: tl.constexpr, HAS_EXTRA: tl.constexpr,
                  HAS_GATE: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
-                 PRE: tl.constexpr, PDL: tl.constexpr):
+                 PDL: tl.constexpr):
         """out[r] = the TOP_K routed slots summed in slot order (fp32, rounded once), plus the
         shared expert: SHARED, slot TOP_K of the row's SLOTS (its y rounded as its own product
         would round, times its weight, the rounded sigmoid of its gate); else `extra` [R, H]
         (times sigmoid(gate) with HAS_GATE). Each addition rounds as torch adds two bf16
         tensors. NORM (one program holds the whole row): the residual add and the next norm
-        as add_row_norm does, s = x + out, out = ZC-norm(s). PRE (NORM): the residual and the
-        norm's weight are loaded before the wait (cuda_launch.py: the residual stream is older
-        than the experts' launches)."""
+        as add_row_norm does, s = x + out, out = ZC-norm(s)."""
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         row = tl.program_id(0)
         nb = tl.program_id(1)
         offs = nb * BLOCK + tl.arange(0, BLOCK)
         ok = offs < H
-        if PRE and NORM:
-            res = tl.load(res_ptr + row * H + offs, mask=ok, other=0.0).to(tl.float32)
-            nwv = tl.load(nw_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-        if PDL:   # verispec/ops/cuda_launch.py: nothing the previous kernel writes is touched before it is done
-            gdc_wait()
-            gdc_launch_dependents()
         total = tl.zeros([BLOCK], dtype=tl.float32)
         for s in tl.static_range(TOP_K):                      # slot order, fixed
             wt = tl.load(wt_ptr + row * SLOTS + s).to(tl.float32)
@@ -176,14 +139,12 @@ if triton is not None:
                 extra = (sg * extra).to(out_ptr.dtype.element_ty).to(tl.float32)
             out = (out.to(tl.float32) + extra).to(out_ptr.dtype.element_ty)
         if NORM:
-            if not PRE:
-                res = tl.load(res_ptr + row * H + offs, mask=ok, other=0.0).to(tl.float32)
-                nwv = tl.load(nw_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-            sm = (res + out.to(tl.float32)).to(out_ptr.dtype.element_ty)
+            sm = (tl.load(res_ptr + row * H + offs, mask=ok, other=0.0).to(tl.float32)
+                  + out.to(tl.float32)).to(out_ptr.dtype.element_ty)
             tl.store(s_ptr + row * H + offs, sm, mask=ok)
             xf = sm.to(tl.float32)
             yv = xf * tl.math.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)
-            yv = yv * (1.0 + nwv)
+            yv = yv * (1.0 + tl.load(nw_ptr + offs, mask=ok, other=0.0).to(tl.float32))
             tl.store(out_ptr + row * H + offs, yv.to(out_ptr.dtype.element_ty), mask=ok)
         else:
             tl.store(out_ptr + row * H + offs, out, mask=ok)
@@ -341,9 +302,8 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
                        BLOCK_K=bk, SHARED_FIRST=first, num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
     y = torch.empty(n, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
-    pre = cuda_launch.pre("down", act.device) and inter <= 4 * bk
     _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
-                                        PRE=pre, num_warps=nw, num_stages=ns, **cuda_launch.flags(act.device))
+                                        num_warps=nw, num_stages=ns, **cuda_launch.flags(act.device))
     return y
 
 
@@ -370,7 +330,7 @@ def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu
     gate = extra_gate if extra_gate is not None else wts
     _combine[(rows, triton.cdiv(h, blk))](y, wts, ex, gate, gate.stride(0), out, out, out, out, 0.0, h, TOP_K=k,
                                           SLOTS=k, HAS_EXTRA=extra is not None, HAS_GATE=extra_gate is not None,
-                                          SHARED=False, NORM=False, BLOCK=blk, PRE=False, num_warps=nw, num_stages=ns,
+                                          SHARED=False, NORM=False, BLOCK=blk, num_warps=nw, num_stages=ns,
                                           **cuda_launch.flags(y.device))
     return out
 
@@ -390,12 +350,10 @@ def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, 
     x = x.contiguous()
     y = _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down)
     s, out = torch.empty(rows, h, dtype=x.dtype, device=x.device), torch.empty(rows, h, dtype=x.dtype, device=x.device)
-    resid_in = resid
-    resid = resid.contiguous()   # a copy here would be the launch just before: no preload then
+    resid = resid.contiguous()
     _combine[(rows, 1)](y, top_w, out, top_w, 0, out, resid, norm_w.contiguous(), s, eps, h, TOP_K=slots - 1,
                         SLOTS=slots, HAS_EXTRA=False, HAS_GATE=False, SHARED=True, NORM=True,
-                        BLOCK=triton.next_power_of_2(h), PRE=cuda_launch.pre("combine", y.device) and resid is resid_in,
-                        num_warps=CONFIG["combine_norm"], num_stages=1,
+                        BLOCK=triton.next_power_of_2(h), num_warps=CONFIG["combine_norm"], num_stages=1,
                         **cuda_launch.flags(y.device))
     return s, out
 

@@ -32,59 +32,41 @@ enabled = True   # tests and benchmarks switch the kernels off to compare with t
 
 if triton is not None:
     @triton.jit
-    def _row_norm(x_ptr, w_ptr, z_ptr, y_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr,
-                  PRE: tl.constexpr, PRE_Z: tl.constexpr, PDL: tl.constexpr):
-        """PRE: the weight is loaded before the wait; PRE_Z: the gate too (the caller's promise
-        that the launch just before does not write it; verispec/ops/cuda_launch.py)."""
+    def _row_norm(x_ptr, w_ptr, z_ptr, y_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr, PDL: tl.constexpr):
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         m = offs < N
-        if PRE and MODE != 1:
-            w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        if PRE_Z and MODE == 2:
-            z = tl.load(z_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
-        if PDL:   # verispec/ops/cuda_launch.py: nothing the previous kernel writes is touched before it is done
-            gdc_wait()
-            gdc_launch_dependents()
         x = tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
         ss = tl.sum(x * x, axis=0)
         if MODE == 1:
             y = x * tl.math.rsqrt(ss + eps)
         else:
             y = x * tl.math.rsqrt(ss / N + eps)
-            if not PRE:
-                w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
             if MODE == 0:
                 y = y * (1.0 + w)
             else:
-                if not PRE_Z:
-                    z = tl.load(z_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
+                z = tl.load(z_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
                 y = w * y.to(y_ptr.dtype.element_ty).to(tl.float32)
                 y = y * (z * tl.sigmoid(z))
         tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
     def _add_row_norm(x_ptr, h_ptr, w_ptr, s_ptr, y_ptr, eps, split_stride, N: tl.constexpr, BLOCK: tl.constexpr,
-                      SPLIT: tl.constexpr, PRE: tl.constexpr, PRE_X: tl.constexpr, PDL: tl.constexpr):
+                      SPLIT: tl.constexpr, PDL: tl.constexpr):
         """The residual add and the next RMSNorm in one pass: s = x + h (rounded to the
         activations' dtype, as torch adds), y = ZC-norm(s). SPLIT > 1: h is a product's fp32
         partials (split_stride apart), summed in chunk order and rounded first, as
-        cuda_gemv's _split_sum would. PRE: the weight is loaded before the wait; PRE_X: the
-        residual x too (the caller's promise that the launch just before does not write it)."""
+        cuda_gemv's _split_sum would."""
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         m = offs < N
-        if PRE:
-            wn = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        if PRE_X:
-            xr = tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
-        if PDL:   # verispec/ops/cuda_launch.py: nothing the previous kernel writes is touched before it is done
-            gdc_wait()
-            gdc_launch_dependents()
-        if not PRE:
-            wn = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        if not PRE_X:
-            xr = tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
         if SPLIT == 1:
             h = tl.load(h_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
         else:
@@ -92,11 +74,11 @@ if triton is not None:
             for sp in tl.static_range(SPLIT):
                 acc += tl.load(h_ptr + sp * split_stride + row * N + offs, mask=m, other=0.0)
             h = acc.to(s_ptr.dtype.element_ty).to(tl.float32)
-        s = (xr + h).to(s_ptr.dtype.element_ty)
+        s = (tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32) + h).to(s_ptr.dtype.element_ty)
         tl.store(s_ptr + row * N + offs, s, mask=m)
         x = s.to(tl.float32)
         y = x * tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-        y = y * (1.0 + wn)
+        y = y * (1.0 + tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32))
         tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
 
 
@@ -105,27 +87,21 @@ def usable(x: torch.Tensor) -> bool:
 
 
 def row_norm(x: torch.Tensor, mode: int, eps: float, weight: torch.Tensor | None = None,
-             gate: torch.Tensor | None = None, gate_ready: bool = False) -> torch.Tensor:
-    """Norm along the last dimension of x (any leading shape); one program per leading index.
-    gate_ready: the launch just before this one does not write `gate` (so it may be read before
-    the kernel's wait: verispec/ops/cuda_launch.py)."""
+             gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Norm along the last dimension of x (any leading shape); one program per leading index."""
     n = x.shape[-1]
     xc = x.contiguous()
     y = torch.empty_like(xc)
     w = weight.contiguous() if weight is not None else xc
     z = gate.contiguous() if gate is not None else xc
-    pre = cuda_launch.pre("norm", xc.device)
-    _row_norm[(xc.numel() // n,)](xc, w, z, y, eps, N=n, BLOCK=triton.next_power_of_2(n), MODE=mode, PRE=pre,
-                                  PRE_Z=pre and gate_ready and z.data_ptr() == gate.data_ptr(), num_warps=WARPS["gated" if mode == GATED else "row"], **cuda_launch.flags(xc.device))
+    _row_norm[(xc.numel() // n,)](xc, w, z, y, eps, N=n, BLOCK=triton.next_power_of_2(n), MODE=mode,
+                                  num_warps=WARPS["gated" if mode == GATED else "row"], **cuda_launch.flags(xc.device))
     return y
 
 
-def add_row_norm(x: torch.Tensor, h, weight: torch.Tensor, eps: float,
-                 x_ready: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def add_row_norm(x: torch.Tensor, h, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + h, RMSNorm(x + h) with zero-centred weight) for x, h [rows, N]; one program per row.
-    h may be a cuda_gemv.Partials (a split-K product's partial sums), summed here. x_ready: the
-    launch just before this one does not write x (so it may be read before the kernel's wait:
-    verispec/ops/cuda_launch.py)."""
+    h may be a cuda_gemv.Partials (a split-K product's partial sums), summed here."""
     n = x.shape[-1]
     xc = x.contiguous()
     s, y = torch.empty_like(xc), torch.empty_like(xc)
@@ -136,8 +112,6 @@ def add_row_norm(x: torch.Tensor, h, weight: torch.Tensor, eps: float,
     else:
         hc, split, stride = h.contiguous(), 1, 0
     _add_row_norm[(xc.numel() // n,)](xc, hc, weight.contiguous(), s, y, eps, stride, N=n,
-                                      BLOCK=triton.next_power_of_2(n), SPLIT=split, PRE=cuda_launch.pre("norm", xc.device),
-                                      PRE_X=cuda_launch.pre("norm", xc.device) and x_ready and xc.data_ptr() == x.data_ptr(),
-                                      num_warps=WARPS["add"],
+                                      BLOCK=triton.next_power_of_2(n), SPLIT=split, num_warps=WARPS["add"],
                                       **cuda_launch.flags(xc.device))
     return s, y
