@@ -17,6 +17,8 @@ arms interleaved within a round):
              against multi-tensor copies
   fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on and each one off
   shared_first  the same, with the shared expert's gate/up programs first and not waiting, and not
+  one_pass   the same, with the recurrence's row step in one level of reductions
+             (cuda_deltanet.ONE_PASS; another rounding, so the logits may differ)
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -300,13 +302,13 @@ def _launch_options():
     products', expert and small kernels' settings and the recurrence's (the sections that vary them)."""
     from verispec.ops import cuda_deltanet, cuda_fusions, cuda_gemv, cuda_launch, cuda_moe, cuda_norms
 
-    pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
+    pdl_on, steps, one = cuda_launch.enabled, cuda_deltanet.STEPS, cuda_deltanet.ONE_PASS
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
     shared_first = cuda_moe.SHARED_FIRST
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
-        cuda_launch.enabled, cuda_deltanet.STEPS = pdl_on, steps
+        cuda_launch.enabled, cuda_deltanet.STEPS, cuda_deltanet.ONE_PASS = pdl_on, steps, one
         cuda_gemv.CONFIG.clear()
         cuda_gemv.CONFIG.update(gemv_cfg)
         cuda_moe.CONFIG.update(moe_cfg)
@@ -325,6 +327,15 @@ def shared_first(eng: Engine, rounds: int) -> None:
 
     graph_arms(eng, rounds, "shared_first", {"all_wait": lambda: setattr(cuda_moe, "SHARED_FIRST", False),
                                              "shared_first": lambda: setattr(cuda_moe, "SHARED_FIRST", True)})
+
+
+def one_pass(eng: Engine, rounds: int) -> None:
+    """The recurrence's row step with three dependent levels of reductions against one
+    (verispec/ops/cuda_deltanet.py ONE_PASS); not the same rounding, so only the times compare."""
+    from verispec.ops import cuda_deltanet
+
+    graph_arms(eng, rounds, "one_pass", {"three_levels": lambda: setattr(cuda_deltanet, "ONE_PASS", False),
+                                         "one_pass": lambda: setattr(cuda_deltanet, "ONE_PASS", True)})
 
 
 def pdl(eng: Engine, rounds: int) -> None:
@@ -507,6 +518,7 @@ def main() -> int:
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
              ("shared_first", lambda: shared_first(eng, 4 * a.rounds + 4)),
+             ("one_pass", lambda: one_pass(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),
