@@ -242,8 +242,9 @@ def overhead(eng: Engine, ck, rounds: int) -> None:
     del plain_eng
 
 
-def graph_arms(eng: Engine, rounds: int, key: str, arms: dict) -> None:
-    """Graphed forwards of 1 and 4 rows (4 with copy slots, as a verify) captured once per arm:
+def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)) -> None:
+    """Graphed forwards of 1 and 4 rows (or row_counts; more than one with copy slots, as a
+    verify) captured once per arm:
     arms maps a name to a function that sets the kernels' launch options before a capture.
     One graph runner per arm over the same weights, each with its own state, replayed in turn
     (A, B, ..., A, B, ...); the first arm is the reference every other's logits must equal."""
@@ -264,9 +265,9 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict) -> None:
             arms[k]()
             states[k] = m.new_state(len(PROMPT) + 6 * (rounds + 3) + 16)
             m.forward(PROMPT, states[k])
-            states[k].ensure_slots(4)
+            states[k].ensure_slots(max(row_counts))
         out = {}
-        for rows in (1, 4):
+        for rows in row_counts:
             times = {k: [] for k in names}
             got, same = {}, []
             for r in range(-2, rounds):
@@ -304,7 +305,7 @@ def _launch_options():
 
     pdl_on, steps, one = cuda_launch.enabled, cuda_deltanet.STEPS, cuda_deltanet.ONE_PASS
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
-    shared_first = cuda_moe.SHARED_FIRST
+    shared_first, ahead = cuda_moe.SHARED_FIRST, cuda_moe.SHARED_AHEAD
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
@@ -312,7 +313,7 @@ def _launch_options():
         cuda_gemv.CONFIG.clear()
         cuda_gemv.CONFIG.update(gemv_cfg)
         cuda_moe.CONFIG.update(moe_cfg)
-        cuda_moe.SHARED_FIRST = shared_first
+        cuda_moe.SHARED_FIRST, cuda_moe.SHARED_AHEAD = shared_first, ahead
         cuda_norms.WARPS.update(warps)
         for f, v in fused.items():
             setattr(cuda_fusions, f, v)
@@ -321,12 +322,18 @@ def _launch_options():
 
 def shared_first(eng: Engine, rounds: int) -> None:
     """The shared expert's gate/up programs first and not waiting for the router
-    (cuda_moe.SHARED_FIRST) against every program waiting; the same arithmetic, so the logits
-    must be equal."""
+    (cuda_moe.SHARED_FIRST), every row's or only the first row's (SHARED_AHEAD 1), against every
+    program waiting; the same arithmetic, so the logits must be equal. 1, 3 (an MTP-2 verify)
+    and 4 rows."""
     from verispec.ops import cuda_moe
 
-    graph_arms(eng, rounds, "shared_first", {"all_wait": lambda: setattr(cuda_moe, "SHARED_FIRST", False),
-                                             "shared_first": lambda: setattr(cuda_moe, "SHARED_FIRST", True)})
+    def arm(first, ahead):
+        def set_options():
+            cuda_moe.SHARED_FIRST, cuda_moe.SHARED_AHEAD = first, ahead
+        return set_options
+
+    graph_arms(eng, rounds, "shared_first", {"all_wait": arm(False, 0), "shared_first": arm(True, 0),
+                                             "ahead1": arm(True, 1)}, row_counts=(1, 3, 4))
 
 
 def one_pass(eng: Engine, rounds: int) -> None:

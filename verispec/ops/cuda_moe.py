@@ -32,13 +32,16 @@ if triton is not None:
     @triton.jit(do_not_specialize=["R"])
     def _gate_up_act(x_ptr, w_ptr, ids_ptr, act_ptr, sh_off, R, I: tl.constexpr, H: tl.constexpr, TOP_K: tl.constexpr,
                      E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SHARED_FIRST: tl.constexpr,
-                     PDL: tl.constexpr):
+                     AHEAD: tl.constexpr, PDL: tl.constexpr):
         """SHARED_FIRST (each row's last slot is the shared expert, id E): grid (blocks, pairs)
         with the R rows' shared pairs first; their programs need nothing from the router (the
         kernel before this one: its input x is older, their expert is fixed), so they skip the
         wait and stream the shared expert's weights while the router runs, waiting only
         before their store (nothing is written before the wait: the output buffer may reuse
-        memory the router still reads). Every program's arithmetic is the same either way."""
+        memory the router still reads). AHEAD > 0: only the first AHEAD rows' shared programs
+        run ahead (the others wait as the routed ones do, and find the weights in L2); which
+        programs wait depends on their row, never on R. Every program's arithmetic is the same
+        either way."""
         if SHARED_FIRST:
             q = tl.program_id(1)
             nb = tl.program_id(0)
@@ -48,8 +51,11 @@ if triton is not None:
             pair = tl.program_id(0)
             nb = tl.program_id(1)
             routed = pair >= 0
+        waits = routed
+        if SHARED_FIRST and AHEAD > 0:
+            waits = routed | (q >= AHEAD)
         if PDL:   # verispec/ops/cuda_launch.py: nothing the previous kernel writes is touched before it is done
-            if routed:
+            if waits:
                 gdc_wait()
             gdc_launch_dependents()
         e = tl.load(ids_ptr + pair, mask=routed, other=E).to(tl.int64)
@@ -77,7 +83,7 @@ if triton is not None:
         u_sum = tl.sum(acc_u, axis=1)
         act = g_sum * tl.sigmoid(g_sum) * u_sum
         if PDL and SHARED_FIRST:
-            if not routed:
+            if not waits:
                 gdc_wait()
         tl.store(act_ptr + pair * I + offs_n, act.to(act_ptr.dtype.element_ty), mask=n_ok)
 
@@ -231,6 +237,7 @@ if triton is not None:
 # bench/cuda_moe_sweep.py (docs/cuda.md); gate/up from `--wide` and the whole forward's A/B
 # (bench/cuda_bench.py --sections gate_up: 0.959x of (8, 512, 4, 3) at 1 row, 0.984x at 4).
 SHARED_FIRST = True   # the shared expert's gate/up programs first, not waiting for the router
+SHARED_AHEAD = 0      # with SHARED_FIRST: how many rows' shared programs run ahead (0: every row's)
 CONFIG = {"gate_up": (4, 1024, 8, 1), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),
           "combine_norm": 32, "route": 1}   # the last two: warps (bench/cuda_small_sweep.py)
 
@@ -299,7 +306,7 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
     first = SHARED_FIRST and shared_gu is not None
     grid = (triton.cdiv(inter, bn), n) if first else (n, triton.cdiv(inter, bn))
     _gate_up_act[grid](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h, TOP_K=pairs_per_row, E=e, BLOCK_N=bn,
-                       BLOCK_K=bk, SHARED_FIRST=first, num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
+                       BLOCK_K=bk, SHARED_FIRST=first, AHEAD=SHARED_AHEAD, num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
     y = torch.empty(n, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
     _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
