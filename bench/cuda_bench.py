@@ -305,7 +305,7 @@ def _launch_options():
 
     pdl_on, steps, one = cuda_launch.enabled, cuda_deltanet.STEPS, cuda_deltanet.ONE_PASS
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
-    shared_first, ahead = cuda_moe.SHARED_FIRST, cuda_moe.SHARED_AHEAD
+    shared_first, major = cuda_moe.SHARED_FIRST, cuda_moe.SHARED_BLOCKS_MAJOR
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
@@ -313,7 +313,7 @@ def _launch_options():
         cuda_gemv.CONFIG.clear()
         cuda_gemv.CONFIG.update(gemv_cfg)
         cuda_moe.CONFIG.update(moe_cfg)
-        cuda_moe.SHARED_FIRST, cuda_moe.SHARED_AHEAD = shared_first, ahead
+        cuda_moe.SHARED_FIRST, cuda_moe.SHARED_BLOCKS_MAJOR = shared_first, major
         cuda_norms.WARPS.update(warps)
         for f, v in fused.items():
             setattr(cuda_fusions, f, v)
@@ -322,18 +322,18 @@ def _launch_options():
 
 def shared_first(eng: Engine, rounds: int) -> None:
     """The shared expert's gate/up programs first and not waiting for the router
-    (cuda_moe.SHARED_FIRST), every row's or only the first row's (SHARED_AHEAD 1), against every
-    program waiting; the same arithmetic, so the logits must be equal. 1, 3 (an MTP-2 verify)
-    and 4 rows."""
+    (cuda_moe.SHARED_FIRST), in a grid with the pairs varying fastest and with the blocks
+    (SHARED_BLOCKS_MAJOR), against every program waiting; the same arithmetic, so the logits
+    must be equal. 1, 3 (an MTP-2 verify) and 4 rows."""
     from verispec.ops import cuda_moe
 
-    def arm(first, ahead):
+    def arm(first, major):
         def set_options():
-            cuda_moe.SHARED_FIRST, cuda_moe.SHARED_AHEAD = first, ahead
+            cuda_moe.SHARED_FIRST, cuda_moe.SHARED_BLOCKS_MAJOR = first, major
         return set_options
 
-    graph_arms(eng, rounds, "shared_first", {"all_wait": arm(False, 0), "shared_first": arm(True, 0),
-                                             "ahead1": arm(True, 1)}, row_counts=(1, 3, 4))
+    graph_arms(eng, rounds, "shared_first", {"all_wait": arm(False, False), "pairs_major": arm(True, False),
+                                             "blocks_major": arm(True, True)}, row_counts=(1, 3, 4))
 
 
 def one_pass(eng: Engine, rounds: int) -> None:

@@ -59,14 +59,14 @@ def test_model_with_fusions_equals_without(fusions_restored):
 @pytest.fixture
 def shared_first_restored():
     from verispec.ops import cuda_moe
-    kept = cuda_moe.SHARED_FIRST, cuda_moe.SHARED_AHEAD
+    kept = cuda_moe.SHARED_FIRST, cuda_moe.SHARED_BLOCKS_MAJOR
     yield cuda_moe
-    cuda_moe.SHARED_FIRST, cuda_moe.SHARED_AHEAD = kept
+    cuda_moe.SHARED_FIRST, cuda_moe.SHARED_BLOCKS_MAJOR = kept
 
 
 def test_shared_expert_first_moves_no_bit(shared_first_restored):
     """The shared expert's gate/up programs first, not waiting for the router
-    (cuda_moe.SHARED_FIRST), every row's or the first row's only (SHARED_AHEAD): the MoE's
+    (cuda_moe.SHARED_FIRST), in either grid order (SHARED_BLOCKS_MAJOR): the MoE's
     residual sum and normed output equal those with every program waiting, bit for bit, for
     every row count, right after the router's launch."""
     cuda_moe = shared_first_restored
@@ -79,12 +79,12 @@ def test_shared_expert_first_moves_no_bit(shared_first_restored):
     sdown, nw = _rand(h, inter) * inter ** -0.5, _rand(h) * 0.1
     for m in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16):
         got = {}
-        for arm in ((True, 0), (True, 1), (False, 0)):
-            cuda_moe.SHARED_FIRST, cuda_moe.SHARED_AHEAD = arm
+        for arm in ((True, False), (True, True), (False, False)):
+            cuda_moe.SHARED_FIRST, cuda_moe.SHARED_BLOCKS_MAJOR = arm
             parts = cuda_gemv.linear_rows(hx[:m], router, partials=True)
             w, i = cuda_moe.route_shared(parts, m, e, k, True)
             got[arm] = cuda_moe.experts_add_norm(hx[:m], w, i, gu, dn, sgu, sdown, resid[:m], nw, 1e-6)
-        ref = got[False, 0]
+        ref = got[False, False]
         assert all(torch.equal(g[0], ref[0]) and torch.equal(g[1], ref[1]) for g in got.values()), m
 
 

@@ -32,19 +32,23 @@ if triton is not None:
     @triton.jit(do_not_specialize=["R"])
     def _gate_up_act(x_ptr, w_ptr, ids_ptr, act_ptr, sh_off, R, I: tl.constexpr, H: tl.constexpr, TOP_K: tl.constexpr,
                      E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SHARED_FIRST: tl.constexpr,
-                     AHEAD: tl.constexpr, PDL: tl.constexpr):
-        """SHARED_FIRST (each row's last slot is the shared expert, id E): grid (blocks, pairs)
-        with the R rows' shared pairs first; their programs need nothing from the router (the
-        kernel before this one: its input x is older, their expert is fixed), so they skip the
-        wait and stream the shared expert's weights while the router runs, waiting only
-        before their store (nothing is written before the wait: the output buffer may reuse
-        memory the router still reads). AHEAD > 0: only the first AHEAD rows' shared programs
-        run ahead (the others wait as the routed ones do, and find the weights in L2); which
-        programs wait depends on their row, never on R. Every program's arithmetic is the same
-        either way."""
+                     BLOCKS_MAJOR: tl.constexpr, PDL: tl.constexpr):
+        """SHARED_FIRST (each row's last slot is the shared expert, id E): the R rows' shared
+        pairs first among the pairs; their programs need nothing from the router (the kernel
+        before this one: its input x is older, their expert is fixed), so they skip the wait
+        and stream the shared expert's weights while the router runs, waiting only before
+        their store (nothing is written before the wait: the output buffer may reuse memory the
+        router still reads). Grid (pairs, blocks), pairs varying fastest as without
+        SHARED_FIRST; BLOCKS_MAJOR: grid (blocks, pairs), every shared program dispatched
+        before any routed one (1.01-1.02x slower at 3 and 4 rows, device calls 48-49). Every
+        program's arithmetic is the same either way."""
         if SHARED_FIRST:
-            q = tl.program_id(1)
-            nb = tl.program_id(0)
+            if BLOCKS_MAJOR:
+                q = tl.program_id(1)
+                nb = tl.program_id(0)
+            else:
+                q = tl.program_id(0)
+                nb = tl.program_id(1)
             routed = q >= R
             pair = tl.where(routed, ((q - R) // (TOP_K - 1)) * TOP_K + (q - R) % (TOP_K - 1), q * TOP_K + TOP_K - 1)
         else:
@@ -52,8 +56,6 @@ if triton is not None:
             nb = tl.program_id(1)
             routed = pair >= 0
         waits = routed
-        if SHARED_FIRST and AHEAD > 0:
-            waits = routed | (q >= AHEAD)
         if PDL:   # verispec/ops/cuda_launch.py: nothing the previous kernel writes is touched before it is done
             if waits:
                 gdc_wait()
@@ -237,7 +239,7 @@ if triton is not None:
 # bench/cuda_moe_sweep.py (docs/cuda.md); gate/up from `--wide` and the whole forward's A/B
 # (bench/cuda_bench.py --sections gate_up: 0.959x of (8, 512, 4, 3) at 1 row, 0.984x at 4).
 SHARED_FIRST = True   # the shared expert's gate/up programs first, not waiting for the router
-SHARED_AHEAD = 0      # with SHARED_FIRST: how many rows' shared programs run ahead (0: every row's)
+SHARED_BLOCKS_MAJOR = False   # with SHARED_FIRST: every shared program dispatched first (see _gate_up_act)
 CONFIG = {"gate_up": (4, 1024, 8, 1), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),
           "combine_norm": 32, "route": 1}   # the last two: warps (bench/cuda_small_sweep.py)
 
@@ -304,9 +306,10 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     bn, bk, nw, ns = CONFIG["gate_up"]
     first = SHARED_FIRST and shared_gu is not None
-    grid = (triton.cdiv(inter, bn), n) if first else (n, triton.cdiv(inter, bn))
+    major = first and SHARED_BLOCKS_MAJOR
+    grid = (triton.cdiv(inter, bn), n) if major else (n, triton.cdiv(inter, bn))
     _gate_up_act[grid](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h, TOP_K=pairs_per_row, E=e, BLOCK_N=bn,
-                       BLOCK_K=bk, SHARED_FIRST=first, AHEAD=SHARED_AHEAD, num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
+                       BLOCK_K=bk, SHARED_FIRST=first, BLOCKS_MAJOR=major, num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
     y = torch.empty(n, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
     _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
