@@ -295,7 +295,7 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)
         restore()
 
 
-FUSIONS = ("LOGITS_IN_PRODUCT",)
+FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER")
 
 
 def _launch_options():
@@ -359,7 +359,8 @@ def fusions(eng: Engine, rounds: int) -> None:
 
     def only_off(*off):
         return lambda: [setattr(cuda_fusions, f, f not in off) for f in FUSIONS]
-    graph_arms(eng, rounds, "fusions", {"all_on": only_off(), **{f"{f.lower()}_off": only_off(f) for f in FUSIONS}})
+    graph_arms(eng, rounds, "fusions", {"all_on": only_off(), **{f"{f.lower()}_off": only_off(f) for f in FUSIONS}},
+               row_counts=(1, 3, 4))
 
 
 # candidates for the expert kernels' blocks: the best of cuda_moe_sweep.py --wide, and gate/up's

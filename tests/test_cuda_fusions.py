@@ -122,3 +122,58 @@ def test_model_rows_invariant_with_the_one_pass_recurrence(one_pass_restored):
     assert torch.equal(got[False, True], got[True, True])
     ref = got[False, False]
     assert (got[False, True] - ref).norm() / ref.norm() < 2e-2
+
+
+def test_add_norm_router_rows_and_reference():
+    """The residual add, the norm and the router product in one launch (cuda_norm_router): every
+    row count's rows equal the 16-row launch's bit for bit; the sum equals add_row_norm's bit for
+    bit, the norm is within bf16 rounding of it, the logits within bf16 rounding of torch's
+    product of that norm; from split-K partials and from a plain tensor."""
+    from verispec.ops import cuda_norm_router, cuda_norms
+    h = 2048
+    pre = _rand(1288, h) * h ** -0.5 * 4
+    router = pre[:264]
+    wo, o = _rand(h, 4096) * 4096 ** -0.5, _rand(16, 4096)
+    x, nw = _rand(16, h), _rand(h) * 0.1
+    for split in (True, False):
+        def mixer(m):
+            return (cuda_gemv.Partials(cuda_gemv.linear_rows(o[:m], wo, partials=True), m) if split
+                    else cuda_gemv.linear_rows(o[:m], wo))
+        full = cuda_norm_router.add_norm_router(x, mixer(16), nw, 1e-6, router)
+        for m in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16):
+            got = cuda_norm_router.add_norm_router(x[:m], mixer(m), nw, 1e-6, router)
+            assert all(torch.equal(g, f[:m]) for g, f in zip(got, full)), (split, m)
+        s, y, lg = full
+        s2, y2 = cuda_norms.add_row_norm(x, mixer(16), nw, 1e-6)
+        assert torch.equal(s, s2)
+        assert (y.float() - y2.float()).norm() / y2.float().norm() < 1e-2
+        ref = y.float() @ router.float().T
+        assert lg.dtype == BF and (lg.float() - ref).norm() / ref.norm() < 1e-2
+
+
+@pytest.fixture
+def norm_router_restored():
+    kept = cuda_fusions.NORM_ROUTER
+    yield
+    cuda_fusions.NORM_ROUTER = kept
+
+
+def test_model_rows_invariant_with_and_without_norm_router(norm_router_restored):
+    """The real-shaped model with the add + norm + router launch and without it: in each, a
+    verify's rows equal decode rows bit for bit, eager and graphed alike."""
+    ck = random_checkpoint(preset_config("qwen3.6-35b-a3b-shape", layers=4), seed=31, device="cuda")
+    ids = [2, 7, 1, 8, 2, 8]
+    for on in (True, False):
+        cuda_fusions.NORM_ROUTER = on
+        got = []
+        for graphs in (False, True):
+            eng = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=graphs))
+            st1, stn = eng.model.new_state(64), eng.model.new_state(64)
+            eng.model.forward(REPEAT_PROMPT, st1)
+            eng.model.forward(REPEAT_PROMPT, stn)
+            stn.ensure_slots(len(ids))
+            ones = torch.cat([eng.model.forward([t], st1).logits for t in ids])
+            many = eng.model.forward(ids, stn, save_slots=True).logits
+            assert torch.equal(ones, many), (on, graphs)
+            got.append(ones)
+        assert torch.equal(got[0], got[1]), on

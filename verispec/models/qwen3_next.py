@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
-from ..ops import cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norms, cuda_slots
+from ..ops import (cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norm_router, cuda_norms,
+                   cuda_slots)
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -455,6 +456,10 @@ class Model:
                 h = self._linear_attn(layer.mixer, h, state, rp, save_slots, lin, out_lin)
             else:
                 h = self._full_attn(layer.mixer, h, state, start, rp, lin, pos=pos, out_lin=out_lin)
+            if (isinstance(layer.mlp, MoE) and cuda_fusions.NORM_ROUTER and self._moe_kernels(layer.mlp, x, rp)
+                    and cuda_norm_router.usable(x, layer.mlp.pre)):
+                x, h = self.moe_add_norm(layer.mlp, None, x, norms[2 * i + 2], eps, before=(h, norms[2 * i + 1]))
+                continue
             x, h = add_norm(x, h, norms[2 * i + 1], eps, rp)
             if isinstance(layer.mlp, MoE) and self._moe_kernels(layer.mlp, h, rp):
                 x, h = self.moe_add_norm(layer.mlp, h, x, norms[2 * i + 2], eps)
@@ -600,15 +605,20 @@ class Model:
         return (rp is not BATCH and self.exec.pad_rows == cuda_gemv.ROWS and cuda_moe.available(h.device)
                 and cuda_gemv.usable(h, m.pre) and m.shared_inter == m.gu_all.shape[1] // 2)
 
-    def moe_add_norm(self, m: MoE, h, x, norm_w, eps):
+    def moe_add_norm(self, m: MoE, h, x, norm_w, eps, before=None):
         """(x + moe(h), the next norm of it) in five launches: the router product (its split-K
         partials), the router (top K + the shared expert as slot K), gate/up + SwiGLU and down
         over every (row, slot) pair, and the combine with the residual add and the norm. Every
-        program reads one row (or one pair), so nothing depends on the row count."""
+        program reads one row (or one pair), so nothing depends on the row count. before =
+        (the mixer's output or its partials, the norm's weight): the residual add and the norm
+        that make h, done in the router product's launch (cuda_fusions.NORM_ROUTER)."""
         e, si = m.n_experts, m.shared_inter
         router = m.pre[:e + 1 + (-(e + 1)) % 8]                 # router + shared gate rows, a view
-        split = cuda_gemv.splits(*reversed(router.shape))
-        logits = cuda_gemv.linear_rows(h, router, partials=split)     # split: the partials, summed by the router
+        if before is not None:
+            x, h, logits = cuda_norm_router.add_norm_router(x, before[0], before[1], eps, router)
+        else:
+            split = cuda_gemv.splits(*reversed(router.shape))
+            logits = cuda_gemv.linear_rows(h, router, partials=split)   # split: the partials, summed by the router
         top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk)
         return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si],
                                          m.shared_down, x, norm_w, eps)
