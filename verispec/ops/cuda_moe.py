@@ -296,7 +296,7 @@ def available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
 
 
-def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
+def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, x_ready=False):
     """The gate/up + SwiGLU and down kernels over every (row, slot) pair -> y [R * slots, H] fp32."""
     e, two_i, h = gu_all.shape
     inter = two_i // 2
@@ -305,7 +305,7 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
     dn_off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size() if shared_down is not None else 0
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     bn, bk, nw, ns = CONFIG["gate_up"]
-    first = SHARED_FIRST and shared_gu is not None
+    first = SHARED_FIRST and shared_gu is not None and x_ready
     major = first and SHARED_BLOCKS_MAJOR
     grid = (triton.cdiv(inter, bn), n) if major else (n, triton.cdiv(inter, bn))
     _gate_up_act[grid](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h, TOP_K=pairs_per_row, E=e, BLOCK_N=bn,
@@ -347,18 +347,23 @@ def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu
 
 def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu_all: torch.Tensor,
                      down_all: torch.Tensor, shared_gu: torch.Tensor, shared_down: torch.Tensor,
-                     resid: torch.Tensor, norm_w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     resid: torch.Tensor, norm_w: torch.Tensor, eps: float,
+                     x_ready: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole MoE after the router, and the residual add with the next norm, in three
     launches. top_w, top_i [R, K + 1] from route_shared (slot K: the shared expert, id E);
     shared_gu [2I, H] and shared_down [H, I] (the shared expert's weights, any storage: its
-    pairs read them in place of an expert's); resid [R, H] the residual stream.
+    pairs read them in place of an expert's); resid [R, H] the residual stream. x_ready: x
+    was written before the launch that made top_i (so the shared expert's programs may read it
+    before their wait: SHARED_FIRST); False when the launch just before wrote x too.
     -> (resid + moe(x), ZC-norm of it with norm_w), as add_row_norm would return them."""
     rows, slots = top_i.shape
     h = gu_all.shape[2]
     if shared_gu.shape != gu_all.shape[1:] or shared_down.shape != down_all.shape[1:]:
         raise ValueError("the shared expert's widths must equal the routed experts'")
-    x = x.contiguous()
-    y = _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down)
+    xc = x.contiguous()   # a copy would be the launch just before: no reading ahead then
+    y = _pairs(xc, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down,
+               x_ready=x_ready and xc.data_ptr() == x.data_ptr())
+    x = xc
     s, out = torch.empty(rows, h, dtype=x.dtype, device=x.device), torch.empty(rows, h, dtype=x.dtype, device=x.device)
     resid = resid.contiguous()
     _combine[(rows, 1)](y, top_w, out, top_w, 0, out, resid, norm_w.contiguous(), s, eps, h, TOP_K=slots - 1,
