@@ -295,7 +295,7 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)
         restore()
 
 
-FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER", "NORM_ROUTE")
+FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER")
 
 
 def _launch_options():

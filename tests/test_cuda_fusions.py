@@ -11,7 +11,7 @@ from model_fixtures import REPEAT_PROMPT  # noqa: E402
 
 from verispec.engine import Engine  # noqa: E402
 from verispec.execution import Execution  # noqa: E402
-from verispec.ops import cuda_fusions, cuda_gemv, cuda_moe  # noqa: E402
+from verispec.ops import cuda_fusions, cuda_gemv  # noqa: E402
 from verispec.random_model import preset_config, random_checkpoint  # noqa: E402
 
 BF = torch.bfloat16
@@ -177,32 +177,3 @@ def test_model_rows_invariant_with_and_without_norm_router(norm_router_restored)
             assert torch.equal(ones, many), (on, graphs)
             got.append(ones)
         assert torch.equal(got[0], got[1]), on
-
-
-def test_add_norm_route_rows_repeats_and_reference():
-    """The add, the norm, the router product and the routing in one launch (the row's last
-    program routes it): every row count's rows equal the 16-row launch's bit for bit, launch
-    after launch (each row's counter is put back to zero); the same s, norm and experts as
-    add_norm_router followed by the router kernel, the weights within fp32 rounding."""
-    from verispec.ops import cuda_norm_router
-    e, k, h = 256, 8, 2048
-    pre = _rand(1288, h) * h ** -0.5 * 4
-    router = pre[:264]
-    wo, o = _rand(h, 4096) * 4096 ** -0.5, _rand(16, 4096)
-    x, nw = _rand(16, h), _rand(h) * 0.1
-    parts = cuda_gemv.linear_rows(o, wo, partials=True)
-
-    def run(m):
-        return cuda_norm_router.add_norm_route(x[:m], cuda_gemv.Partials(parts, m), nw, 1e-6, router, e, k, True)
-
-    full = run(16)
-    for rep in range(3):
-        for m in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16):
-            assert all(torch.equal(g, f[:m]) for g, f in zip(run(m), full)), (rep, m)
-    s, y, lg = cuda_norm_router.add_norm_router(x, cuda_gemv.Partials(parts, 16), nw, 1e-6, router)
-    w2, i2 = cuda_moe.route_shared(lg, 16, e, k, True)
-    # another compiled kernel (and the router's softmax in another order): the sum bit for bit,
-    # the rest within rounding; the experts the same (random logits: no near-ties)
-    assert torch.equal(full[0], s) and (full[1].float() - y.float()).norm() / y.float().norm() < 1e-2
-    assert torch.equal(full[3], i2)
-    assert torch.allclose(full[2], w2, rtol=1e-5, atol=1e-7) and (full[3][:, k] == e).all()

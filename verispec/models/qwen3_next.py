@@ -614,20 +614,14 @@ class Model:
         that make h, done in the router product's launch (cuda_fusions.NORM_ROUTER)."""
         e, si = m.n_experts, m.shared_inter
         router = m.pre[:e + 1 + (-(e + 1)) % 8]                 # router + shared gate rows, a view
-        ready = True   # h is older than the launch that routes (the shared expert's programs may read it early)
-        if before is not None and cuda_fusions.NORM_ROUTE:   # add, norm, router product and routing: one launch
-            x, h, top_w, top_i = cuda_norm_router.add_norm_route(x, before[0], before[1], eps, router, e, m.top_k,
-                                                                 m.norm_topk)
-            ready = False
+        if before is not None:
+            x, h, logits = cuda_norm_router.add_norm_router(x, before[0], before[1], eps, router)
         else:
-            if before is not None:
-                x, h, logits = cuda_norm_router.add_norm_router(x, before[0], before[1], eps, router)
-            else:
-                split = cuda_gemv.splits(*reversed(router.shape))
-                logits = cuda_gemv.linear_rows(h, router, partials=split)   # split: the partials, summed by the router
-            top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk)
+            split = cuda_gemv.splits(*reversed(router.shape))
+            logits = cuda_gemv.linear_rows(h, router, partials=split)   # split: the partials, summed by the router
+        top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk)
         return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si],
-                                         m.shared_down, x, norm_w, eps, x_ready=ready)
+                                         m.shared_down, x, norm_w, eps)
 
     def moe(self, m: MoE, h, lin, exact):
         exact = policy(exact)

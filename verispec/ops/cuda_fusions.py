@@ -4,17 +4,17 @@ captured, so a CUDA graph keeps what was set at its capture).
   LOGITS_IN_PRODUCT  the lm_head product stores the fp32 logits itself (rounded to bf16
                      first, so the bits equal the product followed by a conversion): one
                      launch fewer per forward
+
   NORM_ROUTER        the residual add and norm after a mixer and the MoE's router product in
                      one launch (verispec/ops/cuda_norm_router.py): one launch fewer per layer;
                      the router's logits summed in another order than the product's
-  NORM_ROUTE         with NORM_ROUTER, the routing too: a row's last program to store its
-                     logits routes the row (a counter per row): one launch fewer again
 
 `VERISPEC_FUSIONS_OFF=all` (or a comma-separated list of names) turns them off at import;
 `bench/cuda_bench.py --sections fusions` measures each against the forward without it.
-Two more fusions were built, measured and dropped (docs/cuda.md, "Tried and dropped"): the
-gated norm in the DeltaNet output product's loads and the router in the router product's
-last program; both made a decode step slower.
+Three more were built, measured and dropped (docs/cuda.md, "Tried and dropped"): the gated
+norm in the DeltaNet output product's loads, the router in the router product's last program,
+and (ninth session) the router in the last program of NORM_ROUTER's launch for a row (a
+counter per row): each made a decode step slower.
 """
 
 import os
@@ -22,4 +22,3 @@ import os
 _off = set(os.environ.get("VERISPEC_FUSIONS_OFF", "").split(","))   # names, or "all"
 LOGITS_IN_PRODUCT = not _off & {"all", "LOGITS_IN_PRODUCT"}
 NORM_ROUTER = not _off & {"all", "NORM_ROUTER"}
-NORM_ROUTE = not _off & {"all", "NORM_ROUTE"}

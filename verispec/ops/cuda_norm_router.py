@@ -23,12 +23,8 @@ try:
     import triton
     import triton.language as tl
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-    from .cuda_moe import _top_k
 except ImportError:  # pragma: no cover
     triton = None
-
-_counters: dict = {}
 
 BLOCK_N = 8      # router columns per program: 33 programs a row for the 264 of the 35B-A3B shape
 WARPS = 16
@@ -36,14 +32,8 @@ WARPS = 16
 if triton is not None:
     @triton.jit
     def _add_norm_router(x_ptr, h_ptr, split_stride, nw_ptr, w_ptr, s_ptr, y_ptr, lg_ptr, eps, N_OUT,
-                         cnt_ptr, tw_ptr, ti_ptr, H: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
-                         BLOCK_N: tl.constexpr, ROUTE: tl.constexpr, E: tl.constexpr, TOP_K: tl.constexpr,
-                         KP: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr):
-        """ROUTE: the row's last program to store its logits block (a counter per row, put back
-        to 0 by that program) also routes the row, as cuda_moe._route does with SHARED (top K
-        of the softmax over the E logits, ties to the lower id, then the shared expert as slot
-        K with weight bf16(sigmoid(column E))): whichever program is last, the same code on the
-        same logits, so the same weights and ids."""
+                         H: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                         PDL: tl.constexpr):
         nb = tl.program_id(0)
         row = tl.program_id(1).to(tl.int64)
         offs = tl.arange(0, BLOCK)
@@ -72,28 +62,6 @@ if triton is not None:
             tl.store(y_ptr + row * H + offs, y, mask=m)
         lg = tl.sum(w.to(tl.float32) * y.to(tl.float32)[None, :], axis=1)     # [BLOCK_N]
         tl.store(lg_ptr + row * N_OUT + offs_n, lg.to(lg_ptr.dtype.element_ty), mask=n_ok)
-        if ROUTE:
-            tl.debug_barrier()                  # every thread's store before the count (release)
-            done = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel")
-            if done == tl.num_programs(0) - 1:
-                offs_e = tl.arange(0, BLOCK_E)
-                ok = offs_e < E
-                # the other programs' blocks, from L2 (.cg: never a stale L1 line)
-                lr = tl.load(lg_ptr + row * N_OUT + offs_e, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-                ge = tl.load(lg_ptr + row * N_OUT + E, cache_modifier=".cg").to(tl.float32)
-                xr = tl.where(ok, lr, float("-inf"))
-                ex = tl.exp(xr - tl.max(xr, 0))
-                p = tl.where(ok, ex / tl.sum(ex, 0), -1.0)
-                ks = tl.arange(0, KP)
-                wv, iv = _top_k(p, offs_e, ks, TOP_K, KP, BLOCK_E)
-                if NORM:
-                    wv = wv / tl.sum(wv, 0)
-                sg = tl.sigmoid(ge).to(tl.bfloat16).to(tl.float32)
-                wv = tl.where(ks == TOP_K, sg, wv)
-                iv = tl.where(ks == TOP_K, E, iv)
-                tl.store(tw_ptr + row * (TOP_K + 1) + ks, wv, mask=ks < TOP_K + 1)
-                tl.store(ti_ptr + row * (TOP_K + 1) + ks, iv, mask=ks < TOP_K + 1)
-                tl.store(cnt_ptr + row, 0)      # ready for the next launch
 
 
 def usable(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -110,63 +78,15 @@ def add_norm_router(x: torch.Tensor, h, norm_w: torch.Tensor, eps: float,
     stored by one program while another still reads x: never in place)."""
     rows, hd = x.shape
     n = router.shape[0]
-    hc, split, stride = _mixer(h, hd)
-    s, y = torch.empty_like(x), torch.empty_like(x)
-    lg = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    _launch(x, hc, stride, norm_w, router, s, y, lg, eps, split, None)
-    return s, y, lg
-
-
-def add_norm_route(x: torch.Tensor, h, norm_w: torch.Tensor, eps: float, router: torch.Tensor, n_experts: int,
-                   top_k: int, norm_topk: bool) -> tuple[torch.Tensor, ...]:
-    """add_norm_router, and the router's choice from its logits in the same launch -> (s, y,
-    weights [R, K + 1] fp32, ids [R, K + 1] int32), as cuda_moe.route_shared returns them from the
-    logits (columns: the E router logits, then the shared expert's gate)."""
-    rows, hd = x.shape
-    n = router.shape[0]
-    if n < n_experts + 1:
-        raise ValueError("the router's rows: the E experts' and the shared expert's gate")
-    hc, split, stride = _mixer(h, hd)
-    s, y = torch.empty_like(x), torch.empty_like(x)
-    lg = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    tw = torch.empty(rows, top_k + 1, dtype=torch.float32, device=x.device)
-    ti = torch.empty(rows, top_k + 1, dtype=torch.int32, device=x.device)
-    _launch(x, hc, stride, norm_w, router, s, y, lg, eps, split, (tw, ti, n_experts, top_k, norm_topk))
-    return s, y, tw, ti
-
-
-def _mixer(h, hd):
     if hasattr(h, "parts"):
+        hc, split, stride = h.parts, h.parts.shape[0], h.parts.stride(0)
         if h.parts.shape[2] != hd or not h.parts.is_contiguous():
             raise ValueError("partials must be contiguous [SPLIT, rows, H]")
-        return h.parts, h.parts.shape[0], h.parts.stride(0)
-    return h.contiguous(), 1, 0
-
-
-def _counter(device: torch.device) -> torch.Tensor:
-    """One count per row slot, zero between launches (the last program of a row puts it back).
-    Made by the first forward on the device, which runs eagerly: a graph's capture follows a
-    warm-up forward (verispec/cuda_graphs.py), so the zeros are never a node of a graph."""
-    key = (device.type, device.index)
-    if key not in _counters:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("the router's counters must exist before a CUDA graph capture")
-        _counters[key] = torch.zeros(64, dtype=torch.int32, device=device)
-    return _counters[key]
-
-
-def _launch(x, hc, stride, norm_w, router, s, y, lg, eps, split, route):
-    rows, hd = x.shape
-    n = router.shape[0]
-    if route is None:
-        cnt, tw, ti, e, k, nt = lg, lg, lg, 1, 1, False
     else:
-        (tw, ti, e, k, nt), cnt = route, _counter(x.device)
-        if rows > cnt.numel():
-            raise ValueError(f"at most {cnt.numel()} rows")
+        hc, split, stride = h.contiguous(), 1, 0
+    s, y = torch.empty_like(x), torch.empty_like(x)
+    lg = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     _add_norm_router[(triton.cdiv(n, BLOCK_N), rows)](x, hc, stride, norm_w.contiguous(), router, s, y, lg, eps, n,
-                                                      cnt, tw, ti, H=hd, BLOCK=triton.next_power_of_2(hd), SPLIT=split,
-                                                      BLOCK_N=BLOCK_N, ROUTE=route is not None, E=e, TOP_K=k,
-                                                      KP=triton.next_power_of_2(k + 1), NORM=nt,
-                                                      BLOCK_E=triton.next_power_of_2(e), num_warps=WARPS,
-                                                      **cuda_launch.flags(x.device))
+                                                      H=hd, BLOCK=triton.next_power_of_2(hd), SPLIT=split,
+                                                      BLOCK_N=BLOCK_N, num_warps=WARPS, **cuda_launch.flags(x.device))
+    return s, y, lg
