@@ -15,8 +15,11 @@ arms interleaved within a round):
   small      the same for the small kernels' warps and the recurrence's columns per program
   undo       the copy of a kept row's slot into the live state (a rejection's undo), per layer
              against multi-tensor copies
-  fusions    the same, with every fusion of verispec/ops/cuda_fusions.py on and each one off
-  shared_first  the same, with the shared expert's gate/up programs first and not waiting, and not
+  fusions    the same (1, 3 and 4 rows), with every fusion of verispec/ops/cuda_fusions.py on and
+             each one off (NORM_ROUTER sums the router's logits in another order: with it off the
+             logits differ)
+  shared_first  the same (1, 3 and 4 rows), with the shared expert's gate/up programs not waiting
+             for the router, in either grid order, and with every program waiting
   one_pass   the same, with the recurrence's row step in one level of reductions
              (cuda_deltanet.ONE_PASS; another rounding, so the logits may differ)
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
@@ -354,7 +357,8 @@ def pdl(eng: Engine, rounds: int) -> None:
 
 
 def fusions(eng: Engine, rounds: int) -> None:
-    """Every fusion on (the default) against each one off (verispec/ops/cuda_fusions.py)."""
+    """Every fusion on (the default) against each one off (verispec/ops/cuda_fusions.py). Only
+    LOGITS_IN_PRODUCT moves no bit; NORM_ROUTER's router logits are summed in another order."""
     from verispec.ops import cuda_fusions
 
     def only_off(*off):

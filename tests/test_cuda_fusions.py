@@ -32,9 +32,9 @@ def test_logits_stored_wide_equal_the_bf16_product_widened():
 
 @pytest.fixture
 def fusions_restored():
-    kept = cuda_fusions.LOGITS_IN_PRODUCT
+    kept = cuda_fusions.LOGITS_IN_PRODUCT, cuda_fusions.NORM_ROUTER
     yield
-    cuda_fusions.LOGITS_IN_PRODUCT = kept
+    cuda_fusions.LOGITS_IN_PRODUCT, cuda_fusions.NORM_ROUTER = kept
 
 
 def test_model_with_fusions_equals_without(fusions_restored):
@@ -88,6 +88,17 @@ def test_shared_expert_first_moves_no_bit(shared_first_restored):
         assert all(torch.equal(g[0], ref[0]) and torch.equal(g[1], ref[1]) for g in got.values()), m
 
 
+def _decode_and_verify(model, ids):
+    """The logits of ids decoded one row at a time and of the same ids as one verify (copy
+    slots on), each after the same prompt in a fresh state."""
+    st1, stn = model.new_state(64), model.new_state(64)
+    model.forward(REPEAT_PROMPT, st1)
+    model.forward(REPEAT_PROMPT, stn)
+    stn.ensure_slots(len(ids))
+    ones = torch.cat([model.forward([t], st1).logits for t in ids])
+    return ones, model.forward(ids, stn, save_slots=True).logits
+
+
 @pytest.fixture
 def one_pass_restored():
     from verispec.ops import cuda_deltanet
@@ -111,12 +122,7 @@ def test_model_rows_invariant_with_the_one_pass_recurrence(one_pass_restored):
             if graphs:   # the option matters at capture: a fresh runner per setting
                 from verispec.cuda_graphs import GraphedForward
                 eng.model.graphs = GraphedForward(eng.model, eng.model.graphs.max_rows)
-            st1, stn = eng.model.new_state(64), eng.model.new_state(64)
-            eng.model.forward(REPEAT_PROMPT, st1)
-            eng.model.forward(REPEAT_PROMPT, stn)
-            stn.ensure_slots(len(ids))
-            ones = torch.cat([eng.model.forward([t], st1).logits for t in ids])
-            many = eng.model.forward(ids, stn, save_slots=True).logits
+            ones, many = _decode_and_verify(eng.model, ids)
             assert torch.equal(ones, many), (graphs, on)
             got[graphs, on] = ones
     assert torch.equal(got[False, True], got[True, True])
@@ -151,14 +157,7 @@ def test_add_norm_router_rows_and_reference():
         assert lg.dtype == BF and (lg.float() - ref).norm() / ref.norm() < 1e-2
 
 
-@pytest.fixture
-def norm_router_restored():
-    kept = cuda_fusions.NORM_ROUTER
-    yield
-    cuda_fusions.NORM_ROUTER = kept
-
-
-def test_model_rows_invariant_with_and_without_norm_router(norm_router_restored):
+def test_model_rows_invariant_with_and_without_norm_router(fusions_restored):
     """The real-shaped model with the add + norm + router launch and without it: in each, a
     verify's rows equal decode rows bit for bit, eager and graphed alike."""
     ck = random_checkpoint(preset_config("qwen3.6-35b-a3b-shape", layers=4), seed=31, device="cuda")
@@ -168,12 +167,7 @@ def test_model_rows_invariant_with_and_without_norm_router(norm_router_restored)
         got = []
         for graphs in (False, True):
             eng = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=graphs))
-            st1, stn = eng.model.new_state(64), eng.model.new_state(64)
-            eng.model.forward(REPEAT_PROMPT, st1)
-            eng.model.forward(REPEAT_PROMPT, stn)
-            stn.ensure_slots(len(ids))
-            ones = torch.cat([eng.model.forward([t], st1).logits for t in ids])
-            many = eng.model.forward(ids, stn, save_slots=True).logits
+            ones, many = _decode_and_verify(eng.model, ids)
             assert torch.equal(ones, many), (on, graphs)
             got.append(ones)
         assert torch.equal(got[0], got[1]), on
