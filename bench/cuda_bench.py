@@ -19,9 +19,7 @@ arms interleaved within a round):
              each one off (NORM_ROUTER sums the router's logits in another order: with it off the
              logits differ)
   shared_first  the same (1, 3 and 4 rows), with the shared expert's gate/up programs not waiting
-             for the router, in either grid order, and with every program waiting
-  one_pass   the same, with the recurrence's row step in one level of reductions
-             (cuda_deltanet.ONE_PASS; another rounding, so the logits may differ)
+             for the router, and with every program waiting
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -306,17 +304,17 @@ def _launch_options():
     products', expert and small kernels' settings and the recurrence's (the sections that vary them)."""
     from verispec.ops import cuda_deltanet, cuda_fusions, cuda_gemv, cuda_launch, cuda_moe, cuda_norms
 
-    pdl_on, steps, one = cuda_launch.enabled, cuda_deltanet.STEPS, cuda_deltanet.ONE_PASS
+    pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
-    shared_first, major = cuda_moe.SHARED_FIRST, cuda_moe.SHARED_BLOCKS_MAJOR
+    shared_first = cuda_moe.SHARED_FIRST
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
-        cuda_launch.enabled, cuda_deltanet.STEPS, cuda_deltanet.ONE_PASS = pdl_on, steps, one
+        cuda_launch.enabled, cuda_deltanet.STEPS = pdl_on, steps
         cuda_gemv.CONFIG.clear()
         cuda_gemv.CONFIG.update(gemv_cfg)
         cuda_moe.CONFIG.update(moe_cfg)
-        cuda_moe.SHARED_FIRST, cuda_moe.SHARED_BLOCKS_MAJOR = shared_first, major
+        cuda_moe.SHARED_FIRST = shared_first
         cuda_norms.WARPS.update(warps)
         for f, v in fused.items():
             setattr(cuda_fusions, f, v)
@@ -324,28 +322,14 @@ def _launch_options():
 
 
 def shared_first(eng: Engine, rounds: int) -> None:
-    """The shared expert's gate/up programs first and not waiting for the router
-    (cuda_moe.SHARED_FIRST), in a grid with the pairs varying fastest and with the blocks
-    (SHARED_BLOCKS_MAJOR), against every program waiting; the same arithmetic, so the logits
-    must be equal. 1, 3 (an MTP-2 verify) and 4 rows."""
+    """The shared expert's gate/up programs not waiting for the router (cuda_moe.SHARED_FIRST)
+    against every program waiting; the same arithmetic, so the logits must be equal. 1, 3 (an
+    MTP-2 verify) and 4 rows."""
     from verispec.ops import cuda_moe
 
-    def arm(first, major):
-        def set_options():
-            cuda_moe.SHARED_FIRST, cuda_moe.SHARED_BLOCKS_MAJOR = first, major
-        return set_options
-
-    graph_arms(eng, rounds, "shared_first", {"all_wait": arm(False, False), "pairs_major": arm(True, False),
-                                             "blocks_major": arm(True, True)}, row_counts=(1, 3, 4))
-
-
-def one_pass(eng: Engine, rounds: int) -> None:
-    """The recurrence's row step with three dependent levels of reductions against one
-    (verispec/ops/cuda_deltanet.py ONE_PASS); not the same rounding, so only the times compare."""
-    from verispec.ops import cuda_deltanet
-
-    graph_arms(eng, rounds, "one_pass", {"three_levels": lambda: setattr(cuda_deltanet, "ONE_PASS", False),
-                                         "one_pass": lambda: setattr(cuda_deltanet, "ONE_PASS", True)})
+    graph_arms(eng, rounds, "shared_first", {"all_wait": lambda: setattr(cuda_moe, "SHARED_FIRST", False),
+                                             "shared_first": lambda: setattr(cuda_moe, "SHARED_FIRST", True)},
+               row_counts=(1, 3, 4))
 
 
 def pdl(eng: Engine, rounds: int) -> None:
@@ -530,7 +514,6 @@ def main() -> int:
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
              ("shared_first", lambda: shared_first(eng, 4 * a.rounds + 4)),
-             ("one_pass", lambda: one_pass(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),

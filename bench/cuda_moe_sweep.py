@@ -58,7 +58,7 @@ def main() -> int:
                 continue
             try:
                 t = graph_us([lambda: cuda_moe._gate_up_act[(rows * K, INTER // bn)](
-                    x, gu, next(it), act, 0, rows, INTER, H, TOP_K=K, E=E, BLOCK_N=bn, BLOCK_K=bk, SHARED_FIRST=False, BLOCKS_MAJOR=False,
+                    x, gu, next(it), act, 0, rows, INTER, H, TOP_K=K, E=E, BLOCK_N=bn, BLOCK_K=bk, SHARED_FIRST=False,
                     num_warps=nw, num_stages=ns, PDL=False)])
                 res["gate_up"].append({"rows": rows, "cfg": [bn, bk, nw, ns], "us": t, "TBps": gu_bytes / t / 1e6})
             except Exception as e:   # out of shared memory and the like: not a candidate

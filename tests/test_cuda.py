@@ -297,17 +297,7 @@ def test_shared_swiglu_and_gated_combine_rows_and_reference():
     assert (out.float() - ref.float()).norm() / ref.float().norm() < 2e-2
 
 
-@pytest.fixture(params=[False, True], ids=["three_levels", "one_pass"])
-def one_pass(request):
-    """Both forms of the recurrence's row step (cuda_deltanet.ONE_PASS)."""
-    from verispec.ops import cuda_deltanet as cd
-    kept = cd.ONE_PASS
-    cd.ONE_PASS = request.param
-    yield request.param
-    cd.ONE_PASS = kept
-
-
-def test_delta_steps_against_torch_and_bf16_output(one_pass):
+def test_delta_steps_against_torch_and_bf16_output():
     """The fused recurrence (norms, beta, g and the delta rule; every row in one launch)
     against the torch path from the same bf16 inputs; its bf16 output is its fp32 output
     rounded once. (Row by row against itself: test_delta_steps_rows_slots_and_reference.)"""
@@ -358,7 +348,7 @@ def test_conv_epilogue_equals_the_product_then_the_conv():
         assert torch.equal(r1, r2) and all(torch.equal(a, b) for a, b in zip(s1, s2)), m
 
 
-def test_delta_steps_rows_slots_and_reference(one_pass):
+def test_delta_steps_rows_slots_and_reference():
     """Every row's recurrence in one launch (state in registers between rows) against the same
     kernel run one row per launch (state through memory): outputs, final state and each kept
     row's slot, bit for bit, for every row count."""

@@ -80,18 +80,16 @@ def experts() -> None:
     ids = torch.randint(0, e, (r, k), dtype=torch.int32)
     ids[:, -1] = e
     outs = {}
-    for first, major in ((False, False), (True, False), (True, True)):
+    for first in (False, True):
         act = torch.empty(r * k, inter)
-        grid = (inter // 4, r * k) if major else (r * k, inter // 4)
-        cuda_moe._gate_up_act[grid](x, w, ids.flatten(), act, e * 2 * inter * h, r, inter, h, TOP_K=k, E=e, BLOCK_N=4,
-                                    BLOCK_K=64, SHARED_FIRST=first, BLOCKS_MAJOR=major, PDL=False)
-        outs[first, major] = act
-    check("gate/up: the shared expert first, either grid = every program waiting",
-          all(torch.equal(v, outs[False, False]) for v in outs.values()))
+        cuda_moe._gate_up_act[(r * k, inter // 4)](x, w, ids.flatten(), act, e * 2 * inter * h, r, inter, h, TOP_K=k,
+                                                   E=e, BLOCK_N=4, BLOCK_K=64, SHARED_FIRST=first, PDL=False)
+        outs[first] = act
+    check("gate/up: the shared expert first = every program waiting", torch.equal(outs[True], outs[False]))
     wf = w.reshape(e + 1, 2 * inter, h)
     ref = torch.stack([torch.nn.functional.silu(wf[i][:inter] @ x[p // k]) * (wf[i][inter:] @ x[p // k])
                        for p, i in enumerate(ids.flatten().tolist())])
-    err = rel(outs[False, False], ref)
+    err = rel(outs[False], ref)
     check("gate/up: against torch", err < 1e-5, f"{err:.1e}")
     for inter in (512, 256):
         act, wd = torch.randn(5, inter), torch.randn(e, 64, inter) * 0.05
@@ -132,22 +130,17 @@ def recurrence() -> None:
     hv, hk, dk, dv, r = 4, 2, 64, 32, 4
     mixed, ba = torch.randn(r, 2 * hk * dk + hv * dv), torch.randn(r, 2 * hv)
     alog, dtb, s0 = torch.rand(hv) * 4, torch.randn(hv), torch.randn(hv, dk, dv) * 0.1
-    got = {}
-    for one in (False, True):
-        def run(rows, ba_rows, st):
-            o = torch.empty(rows.shape[0], hv, dv)
-            cuda_deltanet._delta_steps[(hv, dv // 16)](rows, rows.stride(0), ba_rows, ba_rows.stride(0), alog, dtb, st, o,
-                                                       st, rows.shape[0], HV=hv, REP=hv // hk, DK=dk, DV=dv, BV=16,
-                                                       SCALE=dk ** -0.5, EPS=1e-6, SAVE=False, ONE_PASS=one, PDL=False)
-            return o
-        st, st1 = s0.clone(), s0.clone()
-        full = run(mixed, ba, st)
-        singles = torch.cat([run(mixed[i:i + 1], ba[i:i + 1], st1) for i in range(r)])
-        check(f"delta_steps one_pass={one}: rows one launch each = all in one",
-              torch.equal(singles, full) and torch.equal(st1, st))
-        got[one] = full
-    err = rel(got[True], got[False])
-    check("delta_steps: one-pass against three-level", err < 1e-5, f"{err:.1e}")
+
+    def run(rows, ba_rows, st):
+        o = torch.empty(rows.shape[0], hv, dv)
+        cuda_deltanet._delta_steps[(hv, dv // 16)](rows, rows.stride(0), ba_rows, ba_rows.stride(0), alog, dtb, st, o, st,
+                                                   rows.shape[0], HV=hv, REP=hv // hk, DK=dk, DV=dv, BV=16,
+                                                   SCALE=dk ** -0.5, EPS=1e-6, SAVE=False, PDL=False)
+        return o
+    st, st1 = s0.clone(), s0.clone()
+    full = run(mixed, ba, st)
+    singles = torch.cat([run(mixed[i:i + 1], ba[i:i + 1], st1) for i in range(r)])
+    check("delta_steps: rows one launch each = all in one", torch.equal(singles, full) and torch.equal(st1, st))
 
 
 def main() -> int:

@@ -611,7 +611,7 @@ class Model:
         over every (row, slot) pair, and the combine with the residual add and the norm. Every
         program reads one row (or one pair), so nothing depends on the row count. before =
         (the mixer's output or its partials, the norm's weight): the residual add and the norm
-        that make h, done in the router product's launch (cuda_fusions.NORM_ROUTER)."""
+        that make h, done in the router product's launch (cuda_fusions.NORM_ROUTER), h None."""
         e, si = m.n_experts, m.shared_inter
         router = m.pre[:e + 1 + (-(e + 1)) % 8]                 # router + shared gate rows, a view
         if before is not None:

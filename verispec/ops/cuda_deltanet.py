@@ -29,7 +29,6 @@ except ImportError:  # pragma: no cover
 
 enabled = True
 STEPS = (16, 2)   # delta_steps: (value columns per program, warps); bench/cuda_small_sweep.py
-ONE_PASS = False  # delta_steps: a row's reductions all from its inputs (see _delta_steps)
 
 if triton is not None:
     @triton.jit
@@ -87,19 +86,11 @@ if triton is not None:
     @triton.jit(do_not_specialize=["R"])
     def _delta_steps(mix_ptr, mix_stride, ba_ptr, ba_stride, alog_ptr, dtb_ptr, s_ptr, o_ptr, tab_ptr, R,
                      HV: tl.constexpr, REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-                     SCALE: tl.constexpr, EPS: tl.constexpr, SAVE: tl.constexpr, ONE_PASS: tl.constexpr,
-                     PDL: tl.constexpr):
+                     SCALE: tl.constexpr, EPS: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr):
         """_delta_step for rows 0..R-1 in order in one launch: the state block stays in registers
         from row to row (the same fp32 values a launch per row would store and reload), each
         row's output is written, and with SAVE the state after row r < R-1 goes to the slot at
-        tab[r].
-
-        ONE_PASS: every reduction of a row from its raw inputs and the state before the row, so
-        none waits for another (three dependent levels per row become one): with S' = e S +
-        k^ d^T, k^ = rk k, q^ = rq q, e = exp(g),
-          S^T k^ = rk (S^T k)      d = (v - e rk (S^T k)) beta
-          S'^T q^ = e rq (S^T q) + rk rq (k . q) d
-        The same function; another rounding (still one fixed order per row)."""
+        tab[r]."""
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
@@ -117,29 +108,17 @@ if triton is not None:
             qq = tl.load(row + kh * DK + offs_k).to(tl.float32)
             kk = tl.load(row + (HV // REP) * DK + kh * DK + offs_k).to(tl.float32)
             vv = tl.load(row + 2 * (HV // REP) * DK + h * DV + offs_v).to(tl.float32)
+            qq = qq * tl.rsqrt(tl.sum(qq * qq, 0) + EPS) * SCALE
+            kk = kk * tl.rsqrt(tl.sum(kk * kk, 0) + EPS)
             brow = ba_ptr + r * ba_stride
             beta = tl.sigmoid(tl.load(brow + h).to(tl.float32)).to(brow.dtype.element_ty).to(tl.float32)
             a = tl.load(brow + HV + h).to(tl.float32) + dtb
             g = -a_log * tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
-            if ONE_PASS:
-                rq = tl.rsqrt(tl.sum(qq * qq, 0) + EPS) * SCALE
-                rk = tl.rsqrt(tl.sum(kk * kk, 0) + EPS)
-                kq = tl.sum(kk * qq, 0)
-                tq = tl.sum(st * qq[:, None], axis=0)                  # [BV], the state before the row
-                tk = tl.sum(st * kk[:, None], axis=0)
-                eg = tl.exp(g)
-                delta = (vv - eg * rk * tk) * beta
-                o = eg * rq * tq + (rk * rq * kq) * delta
-                st = st * eg + (kk * rk)[:, None] * delta[None, :]
-            else:
-                qq = qq * tl.rsqrt(tl.sum(qq * qq, 0) + EPS) * SCALE
-                kk = kk * tl.rsqrt(tl.sum(kk * kk, 0) + EPS)
-                st = st * tl.exp(g)
-                kv = tl.sum(st * kk[:, None], axis=0)                  # [BV]
-                delta = (vv - kv) * beta
-                st = st + kk[:, None] * delta[None, :]
-                o = tl.sum(st * qq[:, None], axis=0)
-            tl.store(o_ptr + (r * HV + h) * DV + offs_v, o.to(o_ptr.dtype.element_ty))
+            st = st * tl.exp(g)
+            kv = tl.sum(st * kk[:, None], axis=0)                      # [BV]
+            delta = (vv - kv) * beta
+            st = st + kk[:, None] * delta[None, :]
+            tl.store(o_ptr + (r * HV + h) * DV + offs_v, tl.sum(st * qq[:, None], axis=0).to(o_ptr.dtype.element_ty))
             if SAVE:
                 slot = tl.load(tab_ptr + r).to(tl.pointer_type(tl.float32))
                 tl.store(slot + cell, st, mask=(offs_k[:, None] >= 0) & (r < R - 1))
@@ -198,6 +177,6 @@ def delta_steps(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tensor, 
     tab = slot_table if slot_table is not None else state
     _delta_steps[(hv, triton.cdiv(dv, bv))](mixed, mixed.stride(0), ba, ba.stride(0), a_log_exp, dt_bias, state, out,
                                            tab, rows, HV=hv, REP=hv // hk, DK=dk, DV=dv, BV=bv, SCALE=dk ** -0.5,
-                                           EPS=eps, SAVE=slot_table is not None, ONE_PASS=ONE_PASS, num_warps=warps,
+                                           EPS=eps, SAVE=slot_table is not None, num_warps=warps,
                                            **cuda_launch.flags(mixed.device))
     return out

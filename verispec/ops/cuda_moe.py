@@ -32,32 +32,27 @@ if triton is not None:
     @triton.jit(do_not_specialize=["R"])
     def _gate_up_act(x_ptr, w_ptr, ids_ptr, act_ptr, sh_off, R, I: tl.constexpr, H: tl.constexpr, TOP_K: tl.constexpr,
                      E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SHARED_FIRST: tl.constexpr,
-                     BLOCKS_MAJOR: tl.constexpr, PDL: tl.constexpr):
+                     PDL: tl.constexpr):
         """SHARED_FIRST (each row's last slot is the shared expert, id E): the R rows' shared
         pairs first among the pairs; their programs need nothing from the router (the kernel
         before this one: its input x is older, their expert is fixed), so they skip the wait
         and stream the shared expert's weights while the router runs, waiting only before
         their store (nothing is written before the wait: the output buffer may reuse memory the
         router still reads). Grid (pairs, blocks), pairs varying fastest as without
-        SHARED_FIRST; BLOCKS_MAJOR: grid (blocks, pairs), every shared program dispatched
-        before any routed one (1.01-1.02x slower at 3 and 4 rows, device calls 48-49). Every
-        program's arithmetic is the same either way."""
+        SHARED_FIRST (a grid with every shared program dispatched first was 1.01-1.02x slower
+        at 3 and 4 rows, device calls 47-50). Every program's arithmetic is the same either way.
+        The caller's promise: x was written before the router's launch."""
         if SHARED_FIRST:
-            if BLOCKS_MAJOR:
-                q = tl.program_id(1)
-                nb = tl.program_id(0)
-            else:
-                q = tl.program_id(0)
-                nb = tl.program_id(1)
+            q = tl.program_id(0)
+            nb = tl.program_id(1)
             routed = q >= R
             pair = tl.where(routed, ((q - R) // (TOP_K - 1)) * TOP_K + (q - R) % (TOP_K - 1), q * TOP_K + TOP_K - 1)
         else:
             pair = tl.program_id(0)
             nb = tl.program_id(1)
             routed = pair >= 0
-        waits = routed
         if PDL:   # verispec/ops/cuda_launch.py: nothing the previous kernel writes is touched before it is done
-            if waits:
+            if routed:
                 gdc_wait()
             gdc_launch_dependents()
         e = tl.load(ids_ptr + pair, mask=routed, other=E).to(tl.int64)
@@ -85,7 +80,7 @@ if triton is not None:
         u_sum = tl.sum(acc_u, axis=1)
         act = g_sum * tl.sigmoid(g_sum) * u_sum
         if PDL and SHARED_FIRST:
-            if not waits:
+            if not routed:
                 gdc_wait()
         tl.store(act_ptr + pair * I + offs_n, act.to(act_ptr.dtype.element_ty), mask=n_ok)
 
@@ -239,7 +234,6 @@ if triton is not None:
 # bench/cuda_moe_sweep.py (docs/cuda.md); gate/up from `--wide` and the whole forward's A/B
 # (bench/cuda_bench.py --sections gate_up: 0.959x of (8, 512, 4, 3) at 1 row, 0.984x at 4).
 SHARED_FIRST = True   # the shared expert's gate/up programs first, not waiting for the router
-SHARED_BLOCKS_MAJOR = False   # with SHARED_FIRST: every shared program dispatched first (see _gate_up_act)
 CONFIG = {"gate_up": (4, 1024, 8, 1), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),
           "combine_norm": 32, "route": 1}   # the last two: warps (bench/cuda_small_sweep.py)
 
@@ -296,7 +290,7 @@ def available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
 
 
-def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, x_ready=False):
+def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
     """The gate/up + SwiGLU and down kernels over every (row, slot) pair -> y [R * slots, H] fp32."""
     e, two_i, h = gu_all.shape
     inter = two_i // 2
@@ -305,11 +299,10 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, x_re
     dn_off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size() if shared_down is not None else 0
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     bn, bk, nw, ns = CONFIG["gate_up"]
-    first = SHARED_FIRST and shared_gu is not None and x_ready
-    major = first and SHARED_BLOCKS_MAJOR
-    grid = (triton.cdiv(inter, bn), n) if major else (n, triton.cdiv(inter, bn))
-    _gate_up_act[grid](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h, TOP_K=pairs_per_row, E=e, BLOCK_N=bn,
-                       BLOCK_K=bk, SHARED_FIRST=first, BLOCKS_MAJOR=major, num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
+    first = SHARED_FIRST and shared_gu is not None
+    _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h,
+                                              TOP_K=pairs_per_row, E=e, BLOCK_N=bn, BLOCK_K=bk, SHARED_FIRST=first,
+                                              num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
     y = torch.empty(n, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
     _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
@@ -347,23 +340,20 @@ def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu
 
 def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu_all: torch.Tensor,
                      down_all: torch.Tensor, shared_gu: torch.Tensor, shared_down: torch.Tensor,
-                     resid: torch.Tensor, norm_w: torch.Tensor, eps: float,
-                     x_ready: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                     resid: torch.Tensor, norm_w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole MoE after the router, and the residual add with the next norm, in three
     launches. top_w, top_i [R, K + 1] from route_shared (slot K: the shared expert, id E);
     shared_gu [2I, H] and shared_down [H, I] (the shared expert's weights, any storage: its
-    pairs read them in place of an expert's); resid [R, H] the residual stream. x_ready: x
-    was written before the launch that made top_i (so the shared expert's programs may read it
-    before their wait: SHARED_FIRST); False when the launch just before wrote x too.
+    pairs read them in place of an expert's); resid [R, H] the residual stream. x must be
+    written before the launch that made top_i: the shared expert's programs read it before
+    their wait (SHARED_FIRST; the router between them keeps it so).
     -> (resid + moe(x), ZC-norm of it with norm_w), as add_row_norm would return them."""
     rows, slots = top_i.shape
     h = gu_all.shape[2]
     if shared_gu.shape != gu_all.shape[1:] or shared_down.shape != down_all.shape[1:]:
         raise ValueError("the shared expert's widths must equal the routed experts'")
-    xc = x.contiguous()   # a copy would be the launch just before: no reading ahead then
-    y = _pairs(xc, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down,
-               x_ready=x_ready and xc.data_ptr() == x.data_ptr())
-    x = xc
+    x = x.contiguous()
+    y = _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down)
     s, out = torch.empty(rows, h, dtype=x.dtype, device=x.device), torch.empty(rows, h, dtype=x.dtype, device=x.device)
     resid = resid.contiguous()
     _combine[(rows, 1)](y, top_w, out, top_w, 0, out, resid, norm_w.contiguous(), s, eps, h, TOP_K=slots - 1,
