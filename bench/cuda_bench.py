@@ -11,13 +11,14 @@ arms interleaved within a round):
              launch on and off (verispec/ops/cuda_launch.py), interleaved
   gate_up    the same, with the expert gate/up kernel's blocks as configured and as the candidates
   down       the same for the expert down kernel
+  down_combine  the same for the down kernel with the combine (cuda_fusions.NORM_IN_PRODUCT)
   gemv       the same for the largest decode products' blocks (GEMV_ARMS)
   small      the same for the small kernels' warps and the recurrence's columns per program
   undo       the copy of a kept row's slot into the live state (a rejection's undo), per layer
              against multi-tensor copies
   fusions    the same (1, 3 and 4 rows), with every fusion of verispec/ops/cuda_fusions.py on and
-             each one off (NORM_ROUTER sums the router's logits in another order: with it off the
-             logits differ)
+             each one off (NORM_ROUTER sums the router's logits in another order, NORM_IN_PRODUCT
+             rounds the normed input at another point: with either off the logits differ)
   shared_first  the same (1, 3 and 4 rows), with the shared expert's gate/up programs not waiting
              for the router, and with every program waiting
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
@@ -296,7 +297,7 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)
         restore()
 
 
-FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER")
+FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER", "NORM_IN_PRODUCT")
 
 
 def _launch_options():
@@ -342,7 +343,8 @@ def pdl(eng: Engine, rounds: int) -> None:
 
 def fusions(eng: Engine, rounds: int) -> None:
     """Every fusion on (the default) against each one off (verispec/ops/cuda_fusions.py). Only
-    LOGITS_IN_PRODUCT moves no bit; NORM_ROUTER's router logits are summed in another order."""
+    LOGITS_IN_PRODUCT moves no bit; NORM_ROUTER's router logits are summed in another order,
+    NORM_IN_PRODUCT's input products round the normed input at another point."""
     from verispec.ops import cuda_fusions
 
     def only_off(*off):
@@ -354,7 +356,8 @@ def fusions(eng: Engine, rounds: int) -> None:
 # candidates for the expert kernels' blocks: the best of cuda_moe_sweep.py --wide, and gate/up's
 # configuration before it
 MOE_ARMS = {"gate_up": [(4, 128, 8, 3), (8, 256, 16, 3), (8, 512, 4, 3)],
-            "down": [(16, 128, 16, 3), (16, 256, 16, 1), (4, 256, 4, 1)]}
+            "down": [(16, 128, 16, 3), (16, 256, 16, 1), (4, 256, 4, 1)],
+            "down_combine": [(4, 128, 4), (4, 256, 4), (16, 128, 8), (8, 256, 8)]}   # (BLOCK_N, BLOCK_K, warps)
 
 
 def moe_blocks(eng: Engine, rounds: int, kernel: str) -> None:
@@ -516,6 +519,7 @@ def main() -> int:
              ("shared_first", lambda: shared_first(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
+             ("down_combine", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down_combine")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),
              ("small", lambda: small(eng, 4 * a.rounds + 4)),
              ("undo", lambda: undo(eng, 10 * a.rounds)),

@@ -106,6 +106,51 @@ if triton is not None:
         tl.store(y_ptr + pair * H + offs_n, tl.sum(acc, axis=1), mask=n_ok)
 
     @triton.jit
+    def _down_combine(act_ptr, w_ptr, ids_ptr, wt_ptr, res_ptr, s_ptr, sh_off, H: tl.constexpr, I: tl.constexpr,
+                      E: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PDL: tl.constexpr):
+        """_down_pair for every slot of row r, then _combine's sum and residual add (SHARED:
+        slot SLOTS-1 the shared expert), for the columns of block nb: program (nb, r) ->
+        s[r, block] = resid + moe, with the bits of _down_pair followed by _combine (each slot's
+        product reduced as _down_pair reduces it, the slots summed in slot order), but no norm,
+        so no program needs the whole row (the next product applies the norm: PendingNorm).
+        A program's loads of its slots' weights do not depend on one another (the slots are
+        unrolled), so they are in flight together."""
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
+        nb = tl.program_id(0)
+        row = tl.program_id(1)
+        offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < H
+        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        extra = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for s in tl.static_range(SLOTS):                     # slot order, fixed
+            pair = row * SLOTS + s
+            e = tl.load(ids_ptr + pair).to(tl.int64)
+            w_rows = w_ptr + tl.where(e == E, sh_off, e * H * I) + offs_n[:, None].to(tl.int64) * I
+            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            for k0 in tl.static_range(0, I, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                k_ok = offs_k < I
+                av = tl.load(act_ptr + pair * I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+                wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+                acc += wv * av[None, :]
+            y = tl.sum(acc, axis=1)
+            if s < SLOTS - 1:
+                total += tl.load(wt_ptr + pair).to(tl.float32) * y
+            else:
+                extra = y
+        out = total.to(s_ptr.dtype.element_ty)
+        extra = extra.to(s_ptr.dtype.element_ty).to(tl.float32)
+        sg = tl.load(wt_ptr + row * SLOTS + SLOTS - 1)
+        extra = (sg * extra).to(s_ptr.dtype.element_ty).to(tl.float32)
+        out = (out.to(tl.float32) + extra).to(s_ptr.dtype.element_ty)
+        sm = (tl.load(res_ptr + row * H + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+              + out.to(tl.float32)).to(s_ptr.dtype.element_ty)
+        tl.store(s_ptr + row * H + offs_n, sm, mask=n_ok)
+
+    @triton.jit
     def _combine(y_ptr, wt_ptr, extra_ptr, gate_ptr, gate_stride, out_ptr, res_ptr, nw_ptr, s_ptr, eps,
                  H: tl.constexpr, TOP_K: tl.constexpr, SLOTS: tl.constexpr, HAS_EXTRA: tl.constexpr,
                  HAS_GATE: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
@@ -235,7 +280,8 @@ if triton is not None:
 # (bench/cuda_bench.py --sections gate_up: 0.959x of (8, 512, 4, 3) at 1 row, 0.984x at 4).
 SHARED_FIRST = True   # the shared expert's gate/up programs first, not waiting for the router
 CONFIG = {"gate_up": (4, 1024, 8, 1), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),
-          "combine_norm": 32, "route": 1}   # the last two: warps (bench/cuda_small_sweep.py)
+          "combine_norm": 32, "route": 1,   # these two: warps (bench/cuda_small_sweep.py)
+          "down_combine": (8, 128, 8)}      # (BLOCK_N, BLOCK_K, warps): _down_pair's blocks
 
 
 def route(logits: torch.Tensor, n_experts: int, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,19 +336,28 @@ def available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
 
 
-def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
-    """The gate/up + SwiGLU and down kernels over every (row, slot) pair -> y [R * slots, H] fp32."""
+def _gate_up(x, ids, gu_all, pairs_per_row, shared_gu):
+    """The gate/up + SwiGLU kernel over every (row, slot) pair -> act [R * slots, I]."""
     e, two_i, h = gu_all.shape
     inter = two_i // 2
     n = ids.numel()
     gu_off = (shared_gu.data_ptr() - gu_all.data_ptr()) // gu_all.element_size() if shared_gu is not None else 0
-    dn_off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size() if shared_down is not None else 0
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     bn, bk, nw, ns = CONFIG["gate_up"]
     first = SHARED_FIRST and shared_gu is not None
     _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h,
                                               TOP_K=pairs_per_row, E=e, BLOCK_N=bn, BLOCK_K=bk, SHARED_FIRST=first,
                                               num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
+    return act
+
+
+def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
+    """The gate/up + SwiGLU and down kernels over every (row, slot) pair -> y [R * slots, H] fp32."""
+    e, _, h = gu_all.shape
+    inter = gu_all.shape[1] // 2
+    n = ids.numel()
+    dn_off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size() if shared_down is not None else 0
+    act = _gate_up(x, ids, gu_all, pairs_per_row, shared_gu)
     y = torch.empty(n, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
     _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
@@ -340,19 +395,32 @@ def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu
 
 def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu_all: torch.Tensor,
                      down_all: torch.Tensor, shared_gu: torch.Tensor, shared_down: torch.Tensor,
-                     resid: torch.Tensor, norm_w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     resid: torch.Tensor, norm_w: torch.Tensor, eps: float,
+                     norm: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The whole MoE after the router, and the residual add with the next norm, in three
     launches. top_w, top_i [R, K + 1] from route_shared (slot K: the shared expert, id E);
     shared_gu [2I, H] and shared_down [H, I] (the shared expert's weights, any storage: its
     pairs read them in place of an expert's); resid [R, H] the residual stream. x must be
     written before the launch that made top_i: the shared expert's programs read it before
     their wait (SHARED_FIRST; the router between them keeps it so).
-    -> (resid + moe(x), ZC-norm of it with norm_w), as add_row_norm would return them."""
+    -> (resid + moe(x), ZC-norm of it with norm_w), as add_row_norm would return them. Without
+    norm, in two launches: gate/up, then the down products with the combine and the residual add
+    (_down_combine, the same bits for s) -> (s, None), the norm left to the next product."""
     rows, slots = top_i.shape
     h = gu_all.shape[2]
     if shared_gu.shape != gu_all.shape[1:] or shared_down.shape != down_all.shape[1:]:
         raise ValueError("the shared expert's widths must equal the routed experts'")
     x = x.contiguous()
+    if not norm:
+        ids = top_i.reshape(-1)
+        act = _gate_up(x, ids, gu_all, slots, shared_gu)
+        s = torch.empty(rows, h, dtype=x.dtype, device=x.device)
+        bn, bk, nw = CONFIG["down_combine"]
+        off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size()
+        _down_combine[(triton.cdiv(h, bn), rows)](act, down_all, ids, top_w, resid.contiguous(), s, off, H=h,
+                                                   I=act.shape[1], E=gu_all.shape[0], SLOTS=slots, BLOCK_N=bn,
+                                                   BLOCK_K=bk, num_warps=nw, **cuda_launch.flags(x.device))
+        return s, None
     y = _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down)
     s, out = torch.empty(rows, h, dtype=x.dtype, device=x.device), torch.empty(rows, h, dtype=x.dtype, device=x.device)
     resid = resid.contiguous()
