@@ -143,8 +143,8 @@ def test_product_with_pending_norm_rows_and_reference():
         assert torch.equal(fused[:, c:], y[:, c:]), m
         assert torch.equal(fused[:, :c], cuda_deltanet.conv_rows(y[:, :c], r2, cw, [])) and torch.equal(r1, r2), m
     with pytest.raises(ValueError, match="pending norm"):
-        x = s[:2]
-        cuda_gemv.linear_rows(x, _rand(2048, 4096), norm=cuda_gemv.PendingNorm(x, nw, 1e-6))
+        x = _rand(2, 4096)                   # the (4096, 2048) output product runs split along K
+        cuda_gemv.linear_rows(x, _rand(2048, 4096), norm=cuda_gemv.PendingNorm(x, _rand(4096), 1e-6))
 
 
 def test_model_with_norm_in_product(fusions_restored, monkeypatch):

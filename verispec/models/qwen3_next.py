@@ -540,7 +540,8 @@ class Model:
         registers from row to row), the gated norm, the output product. The kernels that carry
         state write each kept row's state straight into its copy slot."""
         a = self.args
-        rows = _source(h).shape[0]
+        src = _source(h)
+        rows = src.shape[0]
         kd, vd, hv = a.key_dim, a.value_dim, a.linear_num_value_heads
         ring, rec = state.recurrent.conv[m.index], state.recurrent.rec[m.index]
         keep = save_slots and rows > 1
@@ -548,7 +549,7 @@ class Model:
         if fused:     # with h a PendingNorm, the norm is applied in the product too
             ctab = cuda_slots.table(state, "conv", m.index, rows, ring) if keep else None
             pending = h if isinstance(h, cuda_gemv.PendingNorm) else None
-            proj = cuda_gemv.linear_rows(_source(h), m.w_in, conv=cuda_gemv.ConvEpilogue(ring, m.conv, ctab),
+            proj = cuda_gemv.linear_rows(src, m.w_in, conv=cuda_gemv.ConvEpilogue(ring, m.conv, ctab),
                                          norm=pending)
             mixed = proj[:, :2 * kd + vd]
         else:
@@ -557,7 +558,7 @@ class Model:
             mixed = cuda_deltanet.conv_rows(proj[:, :2 * kd + vd], ring, m.conv, slots)
         o = cuda_deltanet.delta_steps(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec,
                                       rtab, a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
-                                      out_dtype=h.dtype)
+                                      out_dtype=src.dtype)
         z = proj[:, 2 * kd + vd:2 * kd + 2 * vd]
         o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, self.rows_exact)
         return (out_lin or lin)(o.reshape(rows, vd), m.out)
@@ -571,13 +572,13 @@ class Model:
         cuda_gemv.PendingNorm (applied in the qkv product where it can be, else here)."""
         a = self.args
         rp = policy(exact)
-        if not (pos is not None and cuda_attention.usable(_source(h))):
-            h = _value(h)
+        kernels = pos is not None and cuda_attention.usable(_source(h))
+        h = h if kernels else _value(h)
         rows = _source(h).shape[0]
         nh, hd = a.num_attention_heads, a.head_dim
         kc, vc = state.k[m.index], state.v[m.index]
         scale = hd ** -0.5
-        if pos is not None and cuda_attention.usable(h):
+        if kernels:
             # norms, RoPE, cache writes, attention up to each row's position and the gate in
             # two launches (verispec/ops/cuda_attention.py)
             self.rope.ensure(kc.shape[1])
