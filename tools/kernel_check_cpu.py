@@ -136,14 +136,21 @@ def down_combine() -> None:
     cuda_moe._combine[(r, 1)](y, wts, out, wts, 0, out, resid, nw, s_old, 1e-6, h, TOP_K=slots - 1, SLOTS=slots,
                               HAS_EXTRA=False, HAS_GATE=False, SHARED=True, NORM=True, BLOCK=h, PDL=False)
 
+    s_blk = torch.empty(r, h)
+    cuda_moe._combine[(r, h // 16)](y, wts, s_blk, wts, 0, s_blk, resid, s_blk, s_blk, 0.0, h, TOP_K=slots - 1,
+                                    SLOTS=slots, HAS_EXTRA=False, HAS_GATE=False, SHARED=True, NORM=False, BLOCK=16,
+                                    PDL=False, RESID=True)
+    check("combine by blocks, residual add only: s = the whole-row combine's, bit for bit", torch.equal(s_blk, s_old))
+
     def run(rows, ids_, wts_, res_):
         s = torch.empty(rows, h)
-        cuda_moe._down_combine[(h // 8, rows)](act if rows == r else act[3:6].contiguous(), wd, ids_.flatten(), wts_,
-                                               res_, s, sh, H=h, I=inter, E=e, SLOTS=slots, BLOCK_N=8, BLOCK_K=128,
-                                               PDL=False)
+        cuda_moe._down_combine[(h // 4, rows)](act if rows == r else act[3:6].contiguous(), wd, ids_.flatten(), wts_,
+                                               res_, s, sh, H=h, I=inter, E=e, SLOTS=slots, SP=4, BLOCK_N=4,
+                                               BLOCK_K=128, PDL=False)
         return s
     s_new = run(r, ids, wts, resid)
-    check("down_combine: s = down then combine's, bit for bit", torch.equal(s_new, s_old))
+    check("down_combine: s = down then combine's", torch.allclose(s_new, s_old, atol=1e-5),
+          f"{(s_new - s_old).abs().max():.1e}")
     one = run(1, ids[1:2].contiguous(), wts[1:2].contiguous(), resid[1:2].contiguous())
     check("down_combine: row alone = row in a launch", torch.equal(one[0], s_new[1]))
 

@@ -107,40 +107,46 @@ if triton is not None:
 
     @triton.jit
     def _down_combine(act_ptr, w_ptr, ids_ptr, wt_ptr, res_ptr, s_ptr, sh_off, H: tl.constexpr, I: tl.constexpr,
-                      E: tl.constexpr, SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      PDL: tl.constexpr):
-        """_down_pair for every slot of row r, then _combine's sum and residual add (SHARED:
-        slot SLOTS-1 the shared expert), for the columns of block nb: program (nb, r) ->
-        s[r, block] = resid + moe, with the bits of _down_pair followed by _combine (each slot's
-        product reduced as _down_pair reduces it, the slots summed in slot order), but no norm,
-        so no program needs the whole row (the next product applies the norm: PendingNorm).
-        A program's loads of its slots' weights do not depend on one another (the slots are
-        unrolled), so they are in flight together."""
+                      E: tl.constexpr, SLOTS: tl.constexpr, SP: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        """The down products of every slot of row r for the columns of block nb, then _combine's
+        sum and residual add (slot SLOTS-1 the shared expert): program (nb, r) -> s[r, block] =
+        resid + moe, with no norm, so no program needs the whole row (the next product applies
+        it: PendingNorm). One tile holds all the slots' rows ([SP * BLOCK_N, BLOCK_K], tile row
+        t = slot t // BLOCK_N, column t % BLOCK_N), so each K step's loads of every slot are one
+        load (a loop over the slots waited for each slot's loads in turn: device call 55, 1.72x
+        the step). Each (slot, column) is reduced in its own tile row, the slots then summed in
+        slot order, each term picked out exactly."""
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
         nb = tl.program_id(0)
         row = tl.program_id(1)
+        t = tl.arange(0, SP * BLOCK_N)
+        slot = t // BLOCK_N
+        col = nb * BLOCK_N + t % BLOCK_N
+        s_ok = slot < SLOTS
+        ok = s_ok & (col < H)
+        pair = row * SLOTS + slot
+        e = tl.load(ids_ptr + pair, mask=s_ok, other=0).to(tl.int64)
+        w_rows = w_ptr + tl.where(e == E, sh_off, e * H * I) + col.to(tl.int64) * I
+        a_rows = act_ptr + pair.to(tl.int64) * I
+        acc = tl.zeros([SP * BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = offs_k < I
+            av = tl.load(a_rows[:, None] + offs_k[None, :], mask=s_ok[:, None] & k_ok[None, :], other=0.0)
+            wv = tl.load(w_rows[:, None] + offs_k[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+            acc += wv.to(tl.float32) * av.to(tl.float32)
+        y = tl.reshape(tl.sum(acc, axis=1), [SP, BLOCK_N])
+        wt = tl.reshape(tl.load(wt_ptr + pair, mask=s_ok, other=0.0), [SP, BLOCK_N])
+        sl = tl.reshape(slot, [SP, BLOCK_N])
+        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for s in tl.static_range(SLOTS - 1):                 # slot order, fixed; one nonzero term each
+            total += tl.sum(tl.where(sl == s, wt * y, 0.0), axis=0)
+        extra = tl.sum(tl.where(sl == SLOTS - 1, y, 0.0), axis=0)
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < H
-        total = tl.zeros([BLOCK_N], dtype=tl.float32)
-        extra = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for s in tl.static_range(SLOTS):                     # slot order, fixed
-            pair = row * SLOTS + s
-            e = tl.load(ids_ptr + pair).to(tl.int64)
-            w_rows = w_ptr + tl.where(e == E, sh_off, e * H * I) + offs_n[:, None].to(tl.int64) * I
-            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-            for k0 in tl.static_range(0, I, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                k_ok = offs_k < I
-                av = tl.load(act_ptr + pair * I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-                acc += wv * av[None, :]
-            y = tl.sum(acc, axis=1)
-            if s < SLOTS - 1:
-                total += tl.load(wt_ptr + pair).to(tl.float32) * y
-            else:
-                extra = y
         out = total.to(s_ptr.dtype.element_ty)
         extra = extra.to(s_ptr.dtype.element_ty).to(tl.float32)
         sg = tl.load(wt_ptr + row * SLOTS + SLOTS - 1)
@@ -154,13 +160,14 @@ if triton is not None:
     def _combine(y_ptr, wt_ptr, extra_ptr, gate_ptr, gate_stride, out_ptr, res_ptr, nw_ptr, s_ptr, eps,
                  H: tl.constexpr, TOP_K: tl.constexpr, SLOTS: tl.constexpr, HAS_EXTRA: tl.constexpr,
                  HAS_GATE: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
-                 PDL: tl.constexpr):
+                 PDL: tl.constexpr, RESID: tl.constexpr = False):
         """out[r] = the TOP_K routed slots summed in slot order (fp32, rounded once), plus the
         shared expert: SHARED, slot TOP_K of the row's SLOTS (its y rounded as its own product
         would round, times its weight, the rounded sigmoid of its gate); else `extra` [R, H]
         (times sigmoid(gate) with HAS_GATE). Each addition rounds as torch adds two bf16
         tensors. NORM (one program holds the whole row): the residual add and the next norm
-        as add_row_norm does, s = x + out, out = ZC-norm(s)."""
+        as add_row_norm does, s = x + out, out = ZC-norm(s). RESID (without NORM): out = x + out,
+        the residual add alone (any block of the row)."""
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
@@ -194,6 +201,10 @@ if triton is not None:
             yv = xf * tl.math.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)
             yv = yv * (1.0 + tl.load(nw_ptr + offs, mask=ok, other=0.0).to(tl.float32))
             tl.store(out_ptr + row * H + offs, yv.to(out_ptr.dtype.element_ty), mask=ok)
+        elif RESID:
+            sm = (tl.load(res_ptr + row * H + offs, mask=ok, other=0.0).to(tl.float32)
+                  + out.to(tl.float32)).to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + row * H + offs, sm, mask=ok)
         else:
             tl.store(out_ptr + row * H + offs, out, mask=ok)
 
@@ -281,7 +292,10 @@ if triton is not None:
 SHARED_FIRST = True   # the shared expert's gate/up programs first, not waiting for the router
 CONFIG = {"gate_up": (4, 1024, 8, 1), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),
           "combine_norm": 32, "route": 1,   # these two: warps (bench/cuda_small_sweep.py)
-          "down_combine": (8, 128, 8)}      # (BLOCK_N, BLOCK_K, warps): _down_pair's blocks
+          "down_combine": (4, 128, 8, 3)}   # (BLOCK_N, BLOCK_K, warps, stages)
+# the MoE's tail when the next product applies the norm (experts_add_norm(norm=False)):
+# "down_combine" (one launch) or "combine" (_down_pair, then _combine's residual add by blocks)
+TAIL = "down_combine"
 
 
 def route(logits: torch.Tensor, n_experts: int, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -404,26 +418,35 @@ def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, 
     written before the launch that made top_i: the shared expert's programs read it before
     their wait (SHARED_FIRST; the router between them keeps it so).
     -> (resid + moe(x), ZC-norm of it with norm_w), as add_row_norm would return them. Without
-    norm, in two launches: gate/up, then the down products with the combine and the residual add
-    (_down_combine, the same bits for s) -> (s, None), the norm left to the next product."""
+    norm -> (resid + moe(x), None), the norm left to the next product: TAIL "down_combine" in
+    two launches (gate/up, then _down_combine: the slots' products reduced in another layout,
+    so other bits), "combine" in three (the residual add by blocks of the row: the same bits)."""
     rows, slots = top_i.shape
     h = gu_all.shape[2]
     if shared_gu.shape != gu_all.shape[1:] or shared_down.shape != down_all.shape[1:]:
         raise ValueError("the shared expert's widths must equal the routed experts'")
     x = x.contiguous()
-    if not norm:
+    if not norm and TAIL == "down_combine":
         ids = top_i.reshape(-1)
         act = _gate_up(x, ids, gu_all, slots, shared_gu)
         s = torch.empty(rows, h, dtype=x.dtype, device=x.device)
-        bn, bk, nw = CONFIG["down_combine"]
+        bn, bk, nw, ns = CONFIG["down_combine"]
         off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size()
         _down_combine[(triton.cdiv(h, bn), rows)](act, down_all, ids, top_w, resid.contiguous(), s, off, H=h,
-                                                   I=act.shape[1], E=gu_all.shape[0], SLOTS=slots, BLOCK_N=bn,
-                                                   BLOCK_K=bk, num_warps=nw, **cuda_launch.flags(x.device))
+                                                   I=act.shape[1], E=gu_all.shape[0], SLOTS=slots,
+                                                   SP=triton.next_power_of_2(slots), BLOCK_N=bn, BLOCK_K=bk,
+                                                   num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
         return s, None
     y = _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down)
     s, out = torch.empty(rows, h, dtype=x.dtype, device=x.device), torch.empty(rows, h, dtype=x.dtype, device=x.device)
     resid = resid.contiguous()
+    if not norm:      # TAIL "combine": the residual add by blocks of the row, no norm
+        blk, _, nw, ns = CONFIG["combine"]
+        _combine[(rows, triton.cdiv(h, blk))](y, top_w, s, top_w, 0, s, resid, s, s, 0.0, h, TOP_K=slots - 1,
+                                              SLOTS=slots, HAS_EXTRA=False, HAS_GATE=False, SHARED=True, NORM=False,
+                                              BLOCK=blk, num_warps=nw, num_stages=ns, RESID=True,
+                                              **cuda_launch.flags(y.device))
+        return s, None
     _combine[(rows, 1)](y, top_w, out, top_w, 0, out, resid, norm_w.contiguous(), s, eps, h, TOP_K=slots - 1,
                         SLOTS=slots, HAS_EXTRA=False, HAS_GATE=False, SHARED=True, NORM=True,
                         BLOCK=triton.next_power_of_2(h), num_warps=CONFIG["combine_norm"], num_stages=1,
