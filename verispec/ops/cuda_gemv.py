@@ -89,12 +89,14 @@ if triton is not None:
             offs_k = sp * (K // SPLIT) + k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + offs_r[:, None] * x_stride + offs_k[None, :], mask=r_ok[:, None], other=0.0)
             w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-            if NORM:
+            if NORM == 1 or NORM == 2:      # 2, 3: bench/cuda_norm_fold_probe.py's halves (wrong values)
                 xf = x.to(tl.float32)
                 ss += xf * xf
+            if NORM == 1 or NORM == 3:
+                xf = x.to(tl.float32)
                 x = (xf * (1.0 + tl.load(nw_ptr + offs_k).to(tl.float32))[None, :]).to(x_ptr.dtype.element_ty)
             acc = tl.dot(x, tl.trans(w), acc)
-        if NORM:
+        if NORM == 1 or NORM == 2:
             acc = acc * tl.math.rsqrt(tl.sum(ss, axis=1) / K + eps)[:, None]
         if ROUND:
             y = acc.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)
@@ -208,7 +210,7 @@ def norm_fits(w: torch.Tensor) -> bool:
 
 def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, partials: bool = False,
                 conv: ConvEpilogue | None = None, out_dtype: torch.dtype | None = None,
-                norm: PendingNorm | None = None) -> torch.Tensor:
+                norm: PendingNorm | None = None, _norm_mode: int = 1) -> torch.Tensor:
     """x [R, K] (R <= 16, unit stride along K) @ w[N, K]^T -> [R, N] in x's dtype. With partials
     (a split-K shape), the unsummed fp32 partials [SPLIT, 16, N] instead, for a consumer that
     sums them in chunk order itself (cuda_moe.route_shared). With conv (conv_fits), the first
@@ -247,7 +249,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, p
     _gemv_rows[(triton.cdiv(n, bn), split)](x, w, out, rows, n, x.stride(0), *cargs, *nargs, K=k, ROWS_P=ROWS,
                                             BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, CONV=conv is not None, KC=4,
                                             SAVE=save, ROUND=out_dtype is not None and out_dtype != x.dtype,
-                                            NORM=norm is not None, num_warps=nw, num_stages=ns,
+                                            NORM=_norm_mode if norm is not None else 0, num_warps=nw, num_stages=ns,
                                             **cuda_launch.flags(x.device))
     if partials:
         return out
