@@ -11,15 +11,13 @@ arms interleaved within a round):
              launch on and off (verispec/ops/cuda_launch.py), interleaved
   gate_up    the same, with the expert gate/up kernel's blocks as configured and as the candidates
   down       the same for the expert down kernel
-  down_combine  the same for the down kernel with the combine (cuda_fusions.NORM_IN_PRODUCT)
   gemv       the same for the largest decode products' blocks (GEMV_ARMS)
   small      the same for the small kernels' warps and the recurrence's columns per program
   undo       the copy of a kept row's slot into the live state (a rejection's undo), per layer
              against multi-tensor copies
   fusions    the same (1, 3 and 4 rows), with every fusion of verispec/ops/cuda_fusions.py on and
-             each one off (NORM_ROUTER sums the router's logits in another order, NORM_IN_PRODUCT
-             rounds the normed input at another point: with either off the logits differ)
-  norm_in_product  the same (1, 3 and 4 rows), NORM_IN_PRODUCT off and on with each MoE tail
+             each one off (NORM_ROUTER sums the router's logits in another order: with it off the
+             logits differ)
   shared_first  the same (1, 3 and 4 rows), with the shared expert's gate/up programs not waiting
              for the router, and with every program waiting
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
@@ -298,7 +296,7 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)
         restore()
 
 
-FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER", "NORM_IN_PRODUCT")
+FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER")
 
 
 def _launch_options():
@@ -308,7 +306,7 @@ def _launch_options():
 
     pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
-    shared_first, tail = cuda_moe.SHARED_FIRST, cuda_moe.TAIL
+    shared_first = cuda_moe.SHARED_FIRST
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
@@ -316,7 +314,7 @@ def _launch_options():
         cuda_gemv.CONFIG.clear()
         cuda_gemv.CONFIG.update(gemv_cfg)
         cuda_moe.CONFIG.update(moe_cfg)
-        cuda_moe.SHARED_FIRST, cuda_moe.TAIL = shared_first, tail
+        cuda_moe.SHARED_FIRST = shared_first
         cuda_norms.WARPS.update(warps)
         for f, v in fused.items():
             setattr(cuda_fusions, f, v)
@@ -344,8 +342,7 @@ def pdl(eng: Engine, rounds: int) -> None:
 
 def fusions(eng: Engine, rounds: int) -> None:
     """Every fusion on (the default) against each one off (verispec/ops/cuda_fusions.py). Only
-    LOGITS_IN_PRODUCT moves no bit; NORM_ROUTER's router logits are summed in another order,
-    NORM_IN_PRODUCT's input products round the normed input at another point."""
+    LOGITS_IN_PRODUCT moves no bit; NORM_ROUTER's router logits are summed in another order."""
     from verispec.ops import cuda_fusions
 
     def only_off(*off):
@@ -354,22 +351,10 @@ def fusions(eng: Engine, rounds: int) -> None:
                row_counts=(1, 3, 4))
 
 
-def norm_in_product(eng: Engine, rounds: int) -> None:
-    """NORM_IN_PRODUCT off against on with each MoE tail (cuda_moe.TAIL: the down products and
-    the combine in one launch, or the down kernel and a combine by blocks), 1, 3 and 4 rows."""
-    from verispec.ops import cuda_fusions, cuda_moe
-
-    def arm(on, tail="down_combine"):
-        return lambda: (setattr(cuda_fusions, "NORM_IN_PRODUCT", on), setattr(cuda_moe, "TAIL", tail))
-    graph_arms(eng, rounds, "norm_in_product", {"off": arm(False), "down_combine": arm(True),
-                                                "combine": arm(True, "combine")}, row_counts=(1, 3, 4))
-
-
 # candidates for the expert kernels' blocks: the best of cuda_moe_sweep.py --wide, and gate/up's
 # configuration before it
 MOE_ARMS = {"gate_up": [(4, 128, 8, 3), (8, 256, 16, 3), (8, 512, 4, 3)],
-            "down": [(16, 128, 16, 3), (16, 256, 16, 1), (4, 256, 4, 1)],
-            "down_combine": [(2, 128, 8, 3), (8, 128, 8, 3), (4, 64, 4, 3), (4, 256, 8, 2)]}
+            "down": [(16, 128, 16, 3), (16, 256, 16, 1), (4, 256, 4, 1)]}
 
 
 def moe_blocks(eng: Engine, rounds: int, kernel: str) -> None:
@@ -529,10 +514,8 @@ def main() -> int:
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
              ("shared_first", lambda: shared_first(eng, 4 * a.rounds + 4)),
-             ("norm_in_product", lambda: norm_in_product(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
-             ("down_combine", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down_combine")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),
              ("small", lambda: small(eng, 4 * a.rounds + 4)),
              ("undo", lambda: undo(eng, 10 * a.rounds)),

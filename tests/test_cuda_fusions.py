@@ -15,7 +15,6 @@ from verispec.ops import cuda_fusions, cuda_gemv  # noqa: E402
 from verispec.random_model import preset_config, random_checkpoint  # noqa: E402
 
 BF = torch.bfloat16
-ROWS = list(range(1, 9)) + [12, 16]
 
 
 def _rand(*shape):
@@ -33,9 +32,9 @@ def test_logits_stored_wide_equal_the_bf16_product_widened():
 
 @pytest.fixture
 def fusions_restored():
-    kept = cuda_fusions.LOGITS_IN_PRODUCT, cuda_fusions.NORM_ROUTER, cuda_fusions.NORM_IN_PRODUCT
+    kept = cuda_fusions.LOGITS_IN_PRODUCT, cuda_fusions.NORM_ROUTER
     yield
-    cuda_fusions.LOGITS_IN_PRODUCT, cuda_fusions.NORM_ROUTER, cuda_fusions.NORM_IN_PRODUCT = kept
+    cuda_fusions.LOGITS_IN_PRODUCT, cuda_fusions.NORM_ROUTER = kept
 
 
 def test_model_with_fusions_equals_without(fusions_restored):
@@ -85,114 +84,6 @@ def test_shared_expert_first_moves_no_bit(shared_first_restored):
             w, i = cuda_moe.route_shared(parts, m, e, k, True)
             got[first] = cuda_moe.experts_add_norm(hx[:m], w, i, gu, dn, sgu, sdown, resid[:m], nw, 1e-6)
         assert torch.equal(got[True][0], got[False][0]) and torch.equal(got[True][1], got[False][1]), m
-
-
-def _moe_inputs():
-    e, inter, h = 256, 512, 2048
-    pre = _rand(1288, h) * h ** -0.5 * 4
-    gu, dn = _rand(e, 2 * inter, h) * h ** -0.5, _rand(e, h, inter) * inter ** -0.5
-    return (pre[:264], pre[e + 1:e + 1 + 2 * inter], gu, dn, _rand(h, inter) * inter ** -0.5, _rand(16, h),
-            _rand(16, h), _rand(h) * 0.1)
-
-
-@pytest.fixture
-def tail_restored():
-    from verispec.ops import cuda_moe
-    kept = cuda_moe.TAIL
-    yield cuda_moe
-    cuda_moe.TAIL = kept
-
-
-def test_moe_tail_without_the_norm(tail_restored):
-    """The MoE's tail leaving the norm to the next product (experts_add_norm(norm=False)): with
-    TAIL "combine" (the residual add by blocks) the residual sum equals the whole-row tail's bit
-    for bit; with "down_combine" (the down products, the combine and the add in one launch)
-    within bf16 rounding of it; in both, every row count's rows equal the 16-row launch's."""
-    cuda_moe = tail_restored
-    router, sgu, gu, dn, sdown, hx, resid, nw = _moe_inputs()
-    for tail in ("combine", "down_combine"):
-        cuda_moe.TAIL = tail
-        full = None
-        for m in (16, 1, 2, 3, 4, 5, 6, 7, 8, 12):
-            w, i = cuda_moe.route_shared(cuda_gemv.linear_rows(hx[:m], router, partials=True), m, 256, 8, True)
-            s, none = cuda_moe.experts_add_norm(hx[:m], w, i, gu, dn, sgu, sdown, resid[:m], nw, 1e-6, norm=False)
-            s3, y3 = cuda_moe.experts_add_norm(hx[:m], w, i, gu, dn, sgu, sdown, resid[:m], nw, 1e-6)
-            assert none is None and y3 is not None, (tail, m)
-            if tail == "combine":
-                assert torch.equal(s, s3), m
-            else:
-                assert (s.float() - s3.float()).norm() / s3.float().norm() < 1e-2, m
-            full = s if full is None else full
-            assert torch.equal(s, full[:m]), (tail, m)
-
-
-def test_product_with_pending_norm_rows_and_reference():
-    """The input products applying the norm of their input in their K loop (cuda_gemv.PendingNorm):
-    every row count's rows equal the 16-row launch's bit for bit; within bf16 rounding of torch's
-    product of the norm; with the causal conv in the epilogue, the same bits as the normed
-    product followed by the conv kernel."""
-    from verispec.ops import cuda_deltanet, cuda_norms
-    s, nw = _rand(16, 2048) * 3, _rand(2048) * 0.1
-    sf = s.float()
-    normed = sf * torch.rsqrt(sf.pow(2).mean(1, keepdim=True) + 1e-6) * (1 + nw.float())
-    for n in (9216, 12352):                  # the DeltaNet's input product last: the conv below
-        w = _rand(n, 2048) * 2048 ** -0.5
-        assert cuda_gemv.norm_fits(w)
-
-        def prod(m, conv=None):
-            x = s[:m]
-            return cuda_gemv.linear_rows(x, w, conv=conv, norm=cuda_gemv.PendingNorm(x, nw, 1e-6))
-        full = prod(16)
-        for m in ROWS:
-            assert torch.equal(prod(m), full[:m]), (n, m)
-        ref = normed @ w.float().T
-        assert (full.float() - ref).norm() / ref.norm() < 1e-2, n
-        ref_y = cuda_gemv.linear_rows(cuda_norms.row_norm(s, cuda_norms.ZC, 1e-6, nw), w)
-        assert (full.float() - ref_y.float()).norm() / ref_y.float().norm() < 1e-2, n
-    c = 8192
-    cw, ring0 = _rand(c, 4) * 0.5, _rand(c, 3)
-    for m in (1, 3, 16):
-        r1, r2 = ring0.clone(), ring0.clone()
-        fused = prod(m, cuda_gemv.ConvEpilogue(r1, cw, None))
-        y = prod(m)
-        assert torch.equal(fused[:, c:], y[:, c:]), m
-        assert torch.equal(fused[:, :c], cuda_deltanet.conv_rows(y[:, :c], r2, cw, [])) and torch.equal(r1, r2), m
-    with pytest.raises(ValueError, match="pending norm"):
-        x = _rand(2, 4096)                   # the (4096, 2048) output product runs split along K
-        cuda_gemv.linear_rows(x, _rand(2048, 4096), norm=cuda_gemv.PendingNorm(x, _rand(4096), 1e-6))
-
-
-def test_model_with_norm_in_product(fusions_restored, monkeypatch):
-    """The real-shaped model with NORM_IN_PRODUCT on and off: in each, a verify's rows equal
-    decode rows bit for bit, eager and graphed; with it on, every MoE tail but the last layer's
-    leaves its norm to the next product, and the logits are within bf16 rounding of those
-    with it off (another rounding point of the norm, not another function)."""
-    from verispec.ops import cuda_moe
-    calls = []
-    real = cuda_moe.experts_add_norm
-
-    def spy(*a, **kw):
-        calls.append(kw.get("norm", True))
-        return real(*a, **kw)
-    monkeypatch.setattr(cuda_moe, "experts_add_norm", spy)
-    ck = random_checkpoint(preset_config("qwen3.6-35b-a3b-shape", layers=4), seed=37, device="cuda")
-    ids = [2, 7, 1, 8, 2, 8]
-    got = {}
-    for on in (True, False):
-        cuda_fusions.NORM_IN_PRODUCT = on
-        for graphs in (False, True):
-            eng = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=graphs))
-            calls.clear()
-            ones, many = _decode_and_verify(eng.model, ids)
-            assert torch.equal(ones, many), (on, graphs)
-            if not graphs:
-                per_forward = [calls[j:j + 4] for j in range(0, len(calls), 4)]
-                assert per_forward and all(f == ([False] * 3 + [True] if on else [True] * 4) for f in per_forward)
-            got[on, graphs] = ones
-        assert torch.equal(got[on, False], got[on, True]), on
-    a, b = got[True, False], got[False, False]
-    assert not torch.equal(a, b)
-    assert (a - b).norm() / b.norm() < 1e-2
 
 
 def _decode_and_verify(model, ids):

@@ -326,16 +326,6 @@ def _partials_linear(lin):
     return out
 
 
-def _source(h):
-    """The tensor a mixer's input product reads: h, or a PendingNorm's s."""
-    return h.s if isinstance(h, cuda_gemv.PendingNorm) else h
-
-
-def _value(h):
-    """h as a tensor: a PendingNorm's norm applied."""
-    return h.value() if isinstance(h, cuda_gemv.PendingNorm) else h
-
-
 class Model:
     def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor], execution: Execution | None = None):
         self.args = a = args
@@ -466,17 +456,13 @@ class Model:
                 h = self._linear_attn(layer.mixer, h, state, rp, save_slots, lin, out_lin)
             else:
                 h = self._full_attn(layer.mixer, h, state, start, rp, lin, pos=pos, out_lin=out_lin)
-            # NORM_IN_PRODUCT: the norm before the next mixer is left to that mixer's input
-            # product (h a cuda_gemv.PendingNorm), so the MoE's tail needs no whole-row kernel
-            defer = cuda_fusions.NORM_IN_PRODUCT and i + 1 < len(self.layers)
             if (isinstance(layer.mlp, MoE) and cuda_fusions.NORM_ROUTER and self._moe_kernels(layer.mlp, x, rp)
                     and cuda_norm_router.usable(x, layer.mlp.pre)):
-                x, h = self.moe_add_norm(layer.mlp, None, x, norms[2 * i + 2], eps, before=(h, norms[2 * i + 1]),
-                                         defer=defer)
+                x, h = self.moe_add_norm(layer.mlp, None, x, norms[2 * i + 2], eps, before=(h, norms[2 * i + 1]))
                 continue
             x, h = add_norm(x, h, norms[2 * i + 1], eps, rp)
             if isinstance(layer.mlp, MoE) and self._moe_kernels(layer.mlp, h, rp):
-                x, h = self.moe_add_norm(layer.mlp, h, x, norms[2 * i + 2], eps, defer=defer)
+                x, h = self.moe_add_norm(layer.mlp, h, x, norms[2 * i + 2], eps)
                 continue
             h = (self.moe(layer.mlp, h, lin, rp) if isinstance(layer.mlp, MoE)
                  else self.dense(layer.mlp, h, lin, rp))
@@ -489,18 +475,16 @@ class Model:
         return logits, h, x
 
     def _linear_attn(self, m: LinearAttn, h, state: State, exact, save_slots, lin, out_lin=None):
-        """h: the normed input, or a cuda_gemv.PendingNorm the input product applies (else here)."""
         a = self.args
         rp = policy(exact)
+        rows = h.shape[0]
         kd, vd, hv = a.key_dim, a.value_dim, a.linear_num_value_heads
         ring = state.recurrent.conv[m.index]
         rec = state.recurrent.rec[m.index]
         if rp is not BATCH and cuda_deltanet.usable(ring):
-            fused = (self.exec.pad_rows == cuda_gemv.ROWS and cuda_gemv.usable(_source(h), m.w_in)
+            fused = (self.exec.pad_rows == cuda_gemv.ROWS and cuda_gemv.usable(h, m.w_in)
                      and cuda_gemv.conv_fits(m.w_in, 2 * kd + vd, m.conv.shape[1]))
-            return self._linear_attn_kernels(m, h if fused else _value(h), state, save_slots, lin, out_lin, fused)
-        h = _value(h)
-        rows = h.shape[0]
+            return self._linear_attn_kernels(m, h, state, save_slots, lin, out_lin, fused)
         proj = lin(h, m.w_in)                                   # [rows, q|k|v|z|b|a]
         mixed = proj[:, :2 * kd + vd]
         z = proj[:, 2 * kd + vd:2 * kd + 2 * vd]
@@ -540,17 +524,14 @@ class Model:
         registers from row to row), the gated norm, the output product. The kernels that carry
         state write each kept row's state straight into its copy slot."""
         a = self.args
-        src = _source(h)
-        rows = src.shape[0]
+        rows = h.shape[0]
         kd, vd, hv = a.key_dim, a.value_dim, a.linear_num_value_heads
         ring, rec = state.recurrent.conv[m.index], state.recurrent.rec[m.index]
         keep = save_slots and rows > 1
         rtab = cuda_slots.table(state, "rec", m.index, rows, rec) if keep else None
-        if fused:     # with h a PendingNorm, the norm is applied in the product too
+        if fused:
             ctab = cuda_slots.table(state, "conv", m.index, rows, ring) if keep else None
-            pending = h if isinstance(h, cuda_gemv.PendingNorm) else None
-            proj = cuda_gemv.linear_rows(src, m.w_in, conv=cuda_gemv.ConvEpilogue(ring, m.conv, ctab),
-                                         norm=pending)
+            proj = cuda_gemv.linear_rows(h, m.w_in, conv=cuda_gemv.ConvEpilogue(ring, m.conv, ctab))
             mixed = proj[:, :2 * kd + vd]
         else:
             proj = lin(h, m.w_in)
@@ -558,7 +539,7 @@ class Model:
             mixed = cuda_deltanet.conv_rows(proj[:, :2 * kd + vd], ring, m.conv, slots)
         o = cuda_deltanet.delta_steps(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec,
                                       rtab, a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
-                                      out_dtype=src.dtype)
+                                      out_dtype=h.dtype)
         z = proj[:, 2 * kd + vd:2 * kd + 2 * vd]
         o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, self.rows_exact)
         return (out_lin or lin)(o.reshape(rows, vd), m.out)
@@ -568,22 +549,19 @@ class Model:
         """Gated attention; rows are written to the cache at start.. and rotated at
         positions start+pos_offset.. (the MTP head's pair p sits at index p, position p+1).
         With `pos` (device positions of the rows, the padded policy) the same happens with
-        shapes that never change: index writes, table gathers, attend_static. h may be a
-        cuda_gemv.PendingNorm (applied in the qkv product where it can be, else here)."""
+        shapes that never change: index writes, table gathers, attend_static."""
         a = self.args
         rp = policy(exact)
-        kernels = pos is not None and cuda_attention.usable(_source(h))
-        h = h if kernels else _value(h)
-        rows = _source(h).shape[0]
+        rows = h.shape[0]
         nh, hd = a.num_attention_heads, a.head_dim
         kc, vc = state.k[m.index], state.v[m.index]
         scale = hd ** -0.5
-        if kernels:
+        if pos is not None and cuda_attention.usable(h):
             # norms, RoPE, cache writes, attention up to each row's position and the gate in
             # two launches (verispec/ops/cuda_attention.py)
             self.rope.ensure(kc.shape[1])
-            o = cuda_attention.gated_attention(self._in_product(h, m.w_qkv, lin), m.q_norm, m.k_norm, self.rope.cos,
-                                               self.rope.sin, pos, kc, vc, nh, a.rms_norm_eps)
+            o = cuda_attention.gated_attention(lin(h, m.w_qkv), m.q_norm, m.k_norm, self.rope.cos, self.rope.sin,
+                                               pos, kc, vc, nh, a.rms_norm_eps)
             return (out_lin or lin)(o, m.out)
         if pos is not None:
             q, gate, k, v = self.qkv(m, h, pos, lin, rp, limit=kc.shape[1])
@@ -601,15 +579,6 @@ class Model:
             o = attn_ops.attend_prefill(q, kc, vc, start, scale)
         o = o.reshape(rows, nh * hd) * rowwise(torch.sigmoid, gate, exact=rp)
         return lin(o, m.out)
-
-    def _in_product(self, h, w, lin):
-        """lin(h, w), with h possibly a cuda_gemv.PendingNorm: then the fixed-order product
-        applies the norm in its K loop where it can (else the norm runs first)."""
-        if isinstance(h, cuda_gemv.PendingNorm):
-            if self.exec.pad_rows == cuda_gemv.ROWS and cuda_gemv.usable(h.s, w) and cuda_gemv.norm_fits(w):
-                return cuda_gemv.linear_rows(h.s, w, norm=h)
-            h = h.value()
-        return lin(h, w)
 
     def qkv(self, m: FullAttn, h, pos, lin, rows=BATCH, limit: int = 0):
         """q [rows, heads, hd], gate [rows, heads*hd], k and v [rows, kv_heads, hd], rotated."""
@@ -636,15 +605,13 @@ class Model:
         return (rp is not BATCH and self.exec.pad_rows == cuda_gemv.ROWS and cuda_moe.available(h.device)
                 and cuda_gemv.usable(h, m.pre) and m.shared_inter == m.gu_all.shape[1] // 2)
 
-    def moe_add_norm(self, m: MoE, h, x, norm_w, eps, before=None, defer: bool = False):
+    def moe_add_norm(self, m: MoE, h, x, norm_w, eps, before=None):
         """(x + moe(h), the next norm of it) in five launches: the router product (its split-K
         partials), the router (top K + the shared expert as slot K), gate/up + SwiGLU and down
         over every (row, slot) pair, and the combine with the residual add and the norm. Every
         program reads one row (or one pair), so nothing depends on the row count. before =
         (the mixer's output or its partials, the norm's weight): the residual add and the norm
-        that make h, done in the router product's launch (cuda_fusions.NORM_ROUTER), h None.
-        defer: the next norm not applied (cuda_moe.experts_add_norm(norm=False): four launches)
-        -> (x + moe(h), a cuda_gemv.PendingNorm of it) for the next mixer's product."""
+        that make h, done in the router product's launch (cuda_fusions.NORM_ROUTER), h None."""
         e, si = m.n_experts, m.shared_inter
         router = m.pre[:e + 1 + (-(e + 1)) % 8]                 # router + shared gate rows, a view
         if before is not None:
@@ -653,9 +620,8 @@ class Model:
             split = cuda_gemv.splits(*reversed(router.shape))
             logits = cuda_gemv.linear_rows(h, router, partials=split)   # split: the partials, summed by the router
         top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk)
-        s, y = cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si],
-                                         m.shared_down, x, norm_w, eps, norm=not defer)
-        return s, (cuda_gemv.PendingNorm(s, norm_w.contiguous(), eps) if defer else y)
+        return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si],
+                                         m.shared_down, x, norm_w, eps)
 
     def moe(self, m: MoE, h, lin, exact):
         exact = policy(exact)

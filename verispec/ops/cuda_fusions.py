@@ -9,12 +9,6 @@ captured, so a CUDA graph keeps what was set at its capture).
                      one launch (verispec/ops/cuda_norm_router.py): one launch fewer per layer;
                      the router's logits summed in another order than the product's
 
-  NORM_IN_PRODUCT    the MoE's combine and residual add in its down kernel (cuda_moe's
-                     _down_combine) and the norm after it applied by the next mixer's input
-                     product in its K loop (cuda_gemv.PendingNorm): the whole-row combine + norm
-                     launch goes (one launch fewer per layer but the last); that product's input
-                     is rounded at another point (bf16(s (1 + w)), then r times the sum)
-
 `VERISPEC_FUSIONS_OFF=all` (or a comma-separated list of names) turns them off at import;
 `bench/cuda_bench.py --sections fusions` measures each against the forward without it.
 Three more were built, measured and dropped (docs/cuda.md, "Tried and dropped"): the gated
@@ -28,4 +22,3 @@ import os
 _off = set(os.environ.get("VERISPEC_FUSIONS_OFF", "").split(","))   # names, or "all"
 LOGITS_IN_PRODUCT = not _off & {"all", "LOGITS_IN_PRODUCT"}
 NORM_ROUTER = not _off & {"all", "NORM_ROUTER"}
-NORM_IN_PRODUCT = not _off & {"all", "NORM_IN_PRODUCT"}

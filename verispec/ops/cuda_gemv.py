@@ -39,39 +39,20 @@ class Partials:
     parts: torch.Tensor
     rows: int
 
-@dataclass(frozen=True)
-class PendingNorm:
-    """A row norm not yet applied: ZC-norm(s) with weight [H] (s * rsqrt(mean(s^2) + eps) *
-    (1 + weight)), left for the product that reads it (linear_rows(..., norm=...)) to apply in
-    its own K loop, so the kernel that made s need not hold a whole row (cuda_moe's
-    down_combine). `value()` applies it where no product can."""
-    s: torch.Tensor
-    weight: torch.Tensor
-    eps: float
-
-    def value(self) -> torch.Tensor:
-        from . import cuda_norms
-        return cuda_norms.row_norm(self.s, cuda_norms.ZC, self.eps, self.weight)
-
-
 if triton is not None:
     # R unspecialised: Triton compiles a separate kernel for an int argument equal to 1 (or a
     # multiple of 16), and a decode row (R = 1) must run the same code as a verify's rows
     @triton.jit(do_not_specialize=["R"])
-    def _gemv_rows(x_ptr, w_ptr, out_ptr, R, N, x_stride, ring_ptr, cw_ptr, tab_ptr, C, nw_ptr, eps,
-                   K: tl.constexpr, ROWS_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   SPLIT: tl.constexpr, CONV: tl.constexpr, KC: tl.constexpr, SAVE: tl.constexpr,
-                   ROUND: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
+    def _gemv_rows(x_ptr, w_ptr, out_ptr, R, N, x_stride, ring_ptr, cw_ptr, tab_ptr, C, K: tl.constexpr,
+                   ROWS_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                   CONV: tl.constexpr, KC: tl.constexpr, SAVE: tl.constexpr, ROUND: tl.constexpr,
+                   PDL: tl.constexpr):
         """Program (nb, s): output columns block nb over the s-th of SPLIT chunks of K. SPLIT 1:
         out is y [R, N]; else out is the fp32 partials [SPLIT, ROWS_P, N] for _split_sum.
         CONV (SPLIT 1): columns below C are the DeltaNet's conv channels; their rows go through
         the causal conv, row after row, in this program (see _conv_epilogue). ROUND: y is
         rounded to x's dtype before it is stored in out's (fp32 logits equal to the bf16
-        product's, widened). NORM (SPLIT 1): x is the residual stream s, and the product is of
-        its ZC-norm with weight nw (see PendingNorm): y = bf16(r * sum_k W[n, k] bf16(s_k (1 +
-        nw_k))), r = rsqrt(mean_k s_k^2 + eps), the squares summed element-wise along this
-        program's own K walk (every program of a row walks all of K in the same order, so all
-        get the same r) and reduced once after it."""
+        product's, widened)."""
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
@@ -83,21 +64,11 @@ if triton is not None:
         r_ok = offs_r < R
         w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
         acc = tl.zeros([ROWS_P, BLOCK_N], dtype=tl.float32)
-        if NORM:
-            ss = tl.zeros([ROWS_P, BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K // SPLIT, BLOCK_K):
             offs_k = sp * (K // SPLIT) + k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + offs_r[:, None] * x_stride + offs_k[None, :], mask=r_ok[:, None], other=0.0)
             w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-            if NORM == 1 or NORM == 2:      # 2, 3: bench/cuda_norm_fold_probe.py's halves (wrong values)
-                xf = x.to(tl.float32)
-                ss += xf * xf
-            if NORM == 1 or NORM == 3:
-                xf = x.to(tl.float32)
-                x = (xf * (1.0 + tl.load(nw_ptr + offs_k).to(tl.float32))[None, :]).to(x_ptr.dtype.element_ty)
             acc = tl.dot(x, tl.trans(w), acc)
-        if NORM == 1 or NORM == 2:
-            acc = acc * tl.math.rsqrt(tl.sum(ss, axis=1) / K + eps)[:, None]
         if ROUND:
             y = acc.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)
         else:
@@ -202,22 +173,14 @@ def conv_fits(w: torch.Tensor, conv_channels: int, kernel: int) -> bool:
     return kernel == 4 and (len(cfg) < 5 or cfg[4] == 1) and conv_channels % cfg[0] == 0
 
 
-def norm_fits(w: torch.Tensor) -> bool:
-    """Whether the product with w [N, K] can apply a PendingNorm of its input (an unsplit product)."""
-    cfg = CONFIG.get((w.shape[1], w.shape[0]), DEFAULT)
-    return len(cfg) < 5 or cfg[4] == 1
-
-
 def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, partials: bool = False,
-                conv: ConvEpilogue | None = None, out_dtype: torch.dtype | None = None,
-                norm: PendingNorm | None = None, _norm_mode: int = 1) -> torch.Tensor:
+                conv: ConvEpilogue | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [R, K] (R <= 16, unit stride along K) @ w[N, K]^T -> [R, N] in x's dtype. With partials
     (a split-K shape), the unsummed fp32 partials [SPLIT, 16, N] instead, for a consumer that
     sums them in chunk order itself (cuda_moe.route_shared). With conv (conv_fits), the first
     C output columns come out through the causal conv, row after row. out_dtype (an unsplit
     product): y rounded to x's dtype, stored widened (the lm_head's fp32 logits in one launch,
-    the bits of the bf16 product followed by a conversion). With norm (norm_fits; x is norm.s),
-    the product of ZC-norm(x) with norm.weight, the norm applied in the product's K loop."""
+    the bits of the bf16 product followed by a conversion)."""
     rows, k = x.shape
     n = w.shape[0]
     cfg = config or CONFIG.get((k, n), DEFAULT)
@@ -233,11 +196,8 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, p
     if conv is not None and (split != 1 or conv.ring.shape[0] % bn or conv.weight.shape[1] != 4
                              or not (conv.ring.is_contiguous() and conv.weight.is_contiguous())):
         raise ValueError("the conv epilogue needs an unsplit product, C a multiple of its block and kernel 4")
-    if out_dtype is not None and (split != 1 or partials or conv is not None or norm is not None):
+    if out_dtype is not None and (split != 1 or partials or conv is not None):
         raise ValueError("out_dtype is for an unsplit product without epilogue")
-    if norm is not None and (split != 1 or norm.s is not x or norm.weight.shape != (k,)
-                             or not norm.weight.is_contiguous()):
-        raise ValueError("a pending norm needs an unsplit product of its own s and a contiguous weight [K]")
     y = torch.empty(rows, n, dtype=out_dtype or x.dtype, device=x.device)
     out = y if split == 1 else torch.empty(split, ROWS, n, dtype=torch.float32, device=x.device)
     if conv is None:
@@ -245,12 +205,10 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, p
     else:
         tab = conv.slots if conv.slots is not None else conv.ring
         cargs, save = (conv.ring, conv.weight, tab, conv.ring.shape[0]), conv.slots is not None
-    nargs = (norm.weight, norm.eps) if norm is not None else (out, 0.0)
-    _gemv_rows[(triton.cdiv(n, bn), split)](x, w, out, rows, n, x.stride(0), *cargs, *nargs, K=k, ROWS_P=ROWS,
-                                            BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, CONV=conv is not None, KC=4,
-                                            SAVE=save, ROUND=out_dtype is not None and out_dtype != x.dtype,
-                                            NORM=_norm_mode if norm is not None else 0, num_warps=nw, num_stages=ns,
-                                            **cuda_launch.flags(x.device))
+    _gemv_rows[(triton.cdiv(n, bn), split)](x, w, out, rows, n, x.stride(0), *cargs, K=k, ROWS_P=ROWS, BLOCK_N=bn,
+                                            BLOCK_K=bk, SPLIT=split, CONV=conv is not None, KC=4, SAVE=save,
+                                            ROUND=out_dtype is not None and out_dtype != x.dtype, num_warps=nw,
+                                            num_stages=ns, **cuda_launch.flags(x.device))
     if partials:
         return out
     if split > 1:

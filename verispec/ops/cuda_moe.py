@@ -106,68 +106,16 @@ if triton is not None:
         tl.store(y_ptr + pair * H + offs_n, tl.sum(acc, axis=1), mask=n_ok)
 
     @triton.jit
-    def _down_combine(act_ptr, w_ptr, ids_ptr, wt_ptr, res_ptr, s_ptr, sh_off, H: tl.constexpr, I: tl.constexpr,
-                      E: tl.constexpr, SLOTS: tl.constexpr, SP: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        """The down products of every slot of row r for the columns of block nb, then _combine's
-        sum and residual add (slot SLOTS-1 the shared expert): program (nb, r) -> s[r, block] =
-        resid + moe, with no norm, so no program needs the whole row (the next product applies
-        it: PendingNorm). One tile holds all the slots' rows ([SP * BLOCK_N, BLOCK_K], tile row
-        t = slot t // BLOCK_N, column t % BLOCK_N), so each K step's loads of every slot are one
-        load (a loop over the slots waited for each slot's loads in turn: device call 55, 1.72x
-        the step). Each (slot, column) is reduced in its own tile row, the slots then summed in
-        slot order, each term picked out exactly."""
-        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
-            gdc_wait()
-            gdc_launch_dependents()
-        nb = tl.program_id(0)
-        row = tl.program_id(1)
-        t = tl.arange(0, SP * BLOCK_N)
-        slot = t // BLOCK_N
-        col = nb * BLOCK_N + t % BLOCK_N
-        s_ok = slot < SLOTS
-        ok = s_ok & (col < H)
-        pair = row * SLOTS + slot
-        e = tl.load(ids_ptr + pair, mask=s_ok, other=0).to(tl.int64)
-        w_rows = w_ptr + tl.where(e == E, sh_off, e * H * I) + col.to(tl.int64) * I
-        a_rows = act_ptr + pair.to(tl.int64) * I
-        acc = tl.zeros([SP * BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, I, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_ok = offs_k < I
-            av = tl.load(a_rows[:, None] + offs_k[None, :], mask=s_ok[:, None] & k_ok[None, :], other=0.0)
-            wv = tl.load(w_rows[:, None] + offs_k[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
-            acc += wv.to(tl.float32) * av.to(tl.float32)
-        y = tl.reshape(tl.sum(acc, axis=1), [SP, BLOCK_N])
-        wt = tl.reshape(tl.load(wt_ptr + pair, mask=s_ok, other=0.0), [SP, BLOCK_N])
-        sl = tl.reshape(slot, [SP, BLOCK_N])
-        total = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for s in tl.static_range(SLOTS - 1):                 # slot order, fixed; one nonzero term each
-            total += tl.sum(tl.where(sl == s, wt * y, 0.0), axis=0)
-        extra = tl.sum(tl.where(sl == SLOTS - 1, y, 0.0), axis=0)
-        offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < H
-        out = total.to(s_ptr.dtype.element_ty)
-        extra = extra.to(s_ptr.dtype.element_ty).to(tl.float32)
-        sg = tl.load(wt_ptr + row * SLOTS + SLOTS - 1)
-        extra = (sg * extra).to(s_ptr.dtype.element_ty).to(tl.float32)
-        out = (out.to(tl.float32) + extra).to(s_ptr.dtype.element_ty)
-        sm = (tl.load(res_ptr + row * H + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-              + out.to(tl.float32)).to(s_ptr.dtype.element_ty)
-        tl.store(s_ptr + row * H + offs_n, sm, mask=n_ok)
-
-    @triton.jit
     def _combine(y_ptr, wt_ptr, extra_ptr, gate_ptr, gate_stride, out_ptr, res_ptr, nw_ptr, s_ptr, eps,
                  H: tl.constexpr, TOP_K: tl.constexpr, SLOTS: tl.constexpr, HAS_EXTRA: tl.constexpr,
                  HAS_GATE: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
-                 PDL: tl.constexpr, RESID: tl.constexpr = False):
+                 PDL: tl.constexpr):
         """out[r] = the TOP_K routed slots summed in slot order (fp32, rounded once), plus the
         shared expert: SHARED, slot TOP_K of the row's SLOTS (its y rounded as its own product
         would round, times its weight, the rounded sigmoid of its gate); else `extra` [R, H]
         (times sigmoid(gate) with HAS_GATE). Each addition rounds as torch adds two bf16
         tensors. NORM (one program holds the whole row): the residual add and the next norm
-        as add_row_norm does, s = x + out, out = ZC-norm(s). RESID (without NORM): out = x + out,
-        the residual add alone (any block of the row)."""
+        as add_row_norm does, s = x + out, out = ZC-norm(s)."""
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
@@ -201,10 +149,6 @@ if triton is not None:
             yv = xf * tl.math.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)
             yv = yv * (1.0 + tl.load(nw_ptr + offs, mask=ok, other=0.0).to(tl.float32))
             tl.store(out_ptr + row * H + offs, yv.to(out_ptr.dtype.element_ty), mask=ok)
-        elif RESID:
-            sm = (tl.load(res_ptr + row * H + offs, mask=ok, other=0.0).to(tl.float32)
-                  + out.to(tl.float32)).to(out_ptr.dtype.element_ty)
-            tl.store(out_ptr + row * H + offs, sm, mask=ok)
         else:
             tl.store(out_ptr + row * H + offs, out, mask=ok)
 
@@ -291,11 +235,7 @@ if triton is not None:
 # (bench/cuda_bench.py --sections gate_up: 0.959x of (8, 512, 4, 3) at 1 row, 0.984x at 4).
 SHARED_FIRST = True   # the shared expert's gate/up programs first, not waiting for the router
 CONFIG = {"gate_up": (4, 1024, 8, 1), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),
-          "combine_norm": 32, "route": 1,   # these two: warps (bench/cuda_small_sweep.py)
-          "down_combine": (4, 128, 8, 3)}   # (BLOCK_N, BLOCK_K, warps, stages)
-# the MoE's tail when the next product applies the norm (experts_add_norm(norm=False)):
-# "down_combine" (one launch) or "combine" (_down_pair, then _combine's residual add by blocks)
-TAIL = "down_combine"
+          "combine_norm": 32, "route": 1}   # the last two: warps (bench/cuda_small_sweep.py)
 
 
 def route(logits: torch.Tensor, n_experts: int, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -350,28 +290,19 @@ def available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
 
 
-def _gate_up(x, ids, gu_all, pairs_per_row, shared_gu):
-    """The gate/up + SwiGLU kernel over every (row, slot) pair -> act [R * slots, I]."""
+def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
+    """The gate/up + SwiGLU and down kernels over every (row, slot) pair -> y [R * slots, H] fp32."""
     e, two_i, h = gu_all.shape
     inter = two_i // 2
     n = ids.numel()
     gu_off = (shared_gu.data_ptr() - gu_all.data_ptr()) // gu_all.element_size() if shared_gu is not None else 0
+    dn_off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size() if shared_down is not None else 0
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     bn, bk, nw, ns = CONFIG["gate_up"]
     first = SHARED_FIRST and shared_gu is not None
     _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h,
                                               TOP_K=pairs_per_row, E=e, BLOCK_N=bn, BLOCK_K=bk, SHARED_FIRST=first,
                                               num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
-    return act
-
-
-def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
-    """The gate/up + SwiGLU and down kernels over every (row, slot) pair -> y [R * slots, H] fp32."""
-    e, _, h = gu_all.shape
-    inter = gu_all.shape[1] // 2
-    n = ids.numel()
-    dn_off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size() if shared_down is not None else 0
-    act = _gate_up(x, ids, gu_all, pairs_per_row, shared_gu)
     y = torch.empty(n, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
     _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
@@ -409,44 +340,22 @@ def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu
 
 def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu_all: torch.Tensor,
                      down_all: torch.Tensor, shared_gu: torch.Tensor, shared_down: torch.Tensor,
-                     resid: torch.Tensor, norm_w: torch.Tensor, eps: float,
-                     norm: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     resid: torch.Tensor, norm_w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole MoE after the router, and the residual add with the next norm, in three
     launches. top_w, top_i [R, K + 1] from route_shared (slot K: the shared expert, id E);
     shared_gu [2I, H] and shared_down [H, I] (the shared expert's weights, any storage: its
     pairs read them in place of an expert's); resid [R, H] the residual stream. x must be
     written before the launch that made top_i: the shared expert's programs read it before
     their wait (SHARED_FIRST; the router between them keeps it so).
-    -> (resid + moe(x), ZC-norm of it with norm_w), as add_row_norm would return them. Without
-    norm -> (resid + moe(x), None), the norm left to the next product: TAIL "down_combine" in
-    two launches (gate/up, then _down_combine: the slots' products reduced in another layout,
-    so other bits), "combine" in three (the residual add by blocks of the row: the same bits)."""
+    -> (resid + moe(x), ZC-norm of it with norm_w), as add_row_norm would return them."""
     rows, slots = top_i.shape
     h = gu_all.shape[2]
     if shared_gu.shape != gu_all.shape[1:] or shared_down.shape != down_all.shape[1:]:
         raise ValueError("the shared expert's widths must equal the routed experts'")
     x = x.contiguous()
-    if not norm and TAIL == "down_combine":
-        ids = top_i.reshape(-1)
-        act = _gate_up(x, ids, gu_all, slots, shared_gu)
-        s = torch.empty(rows, h, dtype=x.dtype, device=x.device)
-        bn, bk, nw, ns = CONFIG["down_combine"]
-        off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size()
-        _down_combine[(triton.cdiv(h, bn), rows)](act, down_all, ids, top_w, resid.contiguous(), s, off, H=h,
-                                                   I=act.shape[1], E=gu_all.shape[0], SLOTS=slots,
-                                                   SP=triton.next_power_of_2(slots), BLOCK_N=bn, BLOCK_K=bk,
-                                                   num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
-        return s, None
     y = _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down)
     s, out = torch.empty(rows, h, dtype=x.dtype, device=x.device), torch.empty(rows, h, dtype=x.dtype, device=x.device)
     resid = resid.contiguous()
-    if not norm:      # TAIL "combine": the residual add by blocks of the row, no norm
-        blk, _, nw, ns = CONFIG["combine"]
-        _combine[(rows, triton.cdiv(h, blk))](y, top_w, s, top_w, 0, s, resid, s, s, 0.0, h, TOP_K=slots - 1,
-                                              SLOTS=slots, HAS_EXTRA=False, HAS_GATE=False, SHARED=True, NORM=False,
-                                              BLOCK=blk, num_warps=nw, num_stages=ns, RESID=True,
-                                              **cuda_launch.flags(y.device))
-        return s, None
     _combine[(rows, 1)](y, top_w, out, top_w, 0, out, resid, norm_w.contiguous(), s, eps, h, TOP_K=slots - 1,
                         SLOTS=slots, HAS_EXTRA=False, HAS_GATE=False, SHARED=True, NORM=True,
                         BLOCK=triton.next_power_of_2(h), num_warps=CONFIG["combine_norm"], num_stages=1,
