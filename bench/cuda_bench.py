@@ -11,8 +11,6 @@ arms interleaved within a round):
              launch on and off (verispec/ops/cuda_launch.py), interleaved
   gate_up    the same, with the expert gate/up kernel's blocks as configured and as the candidates
   down       the same for the expert down kernel
-  expert_dots  the same (1, 3 and 4 rows), the experts' products as element-wise sums and as dots
-  gate_up_dot, down_dot  the same for the dot forms' blocks
   gemv       the same for the largest decode products' blocks (GEMV_ARMS)
   small      the same for the small kernels' warps and the recurrence's columns per program
   undo       the copy of a kept row's slot into the live state (a rejection's undo), per layer
@@ -308,7 +306,7 @@ def _launch_options():
 
     pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
-    shared_first, dots = cuda_moe.SHARED_FIRST, (cuda_moe.GATE_UP_DOT, cuda_moe.DOWN_DOT)
+    shared_first = cuda_moe.SHARED_FIRST
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
     def restore():
@@ -317,7 +315,6 @@ def _launch_options():
         cuda_gemv.CONFIG.update(gemv_cfg)
         cuda_moe.CONFIG.update(moe_cfg)
         cuda_moe.SHARED_FIRST = shared_first
-        cuda_moe.GATE_UP_DOT, cuda_moe.DOWN_DOT = dots
         cuda_norms.WARPS.update(warps)
         for f, v in fused.items():
             setattr(cuda_fusions, f, v)
@@ -354,24 +351,10 @@ def fusions(eng: Engine, rounds: int) -> None:
                row_counts=(1, 3, 4))
 
 
-def expert_dots(eng: Engine, rounds: int) -> None:
-    """The experts' products as element-wise sums (the first arm) against tensor-core dots for
-    gate/up, for down, and for both (cuda_moe.GATE_UP_DOT, DOWN_DOT), 1, 3 and 4 rows."""
-    from verispec.ops import cuda_moe
-
-    def arm(gu, dn):
-        return lambda: (setattr(cuda_moe, "GATE_UP_DOT", gu), setattr(cuda_moe, "DOWN_DOT", dn))
-    graph_arms(eng, rounds, "expert_dots", {"sums": arm(False, False), "gate_up_dot": arm(True, False),
-                                            "down_dot": arm(False, True), "both_dots": arm(True, True)},
-               row_counts=(1, 3, 4))
-
-
 # candidates for the expert kernels' blocks: the best of cuda_moe_sweep.py --wide, and gate/up's
 # configuration before it
 MOE_ARMS = {"gate_up": [(4, 128, 8, 3), (8, 256, 16, 3), (8, 512, 4, 3)],
-            "down": [(16, 128, 16, 3), (16, 256, 16, 1), (4, 256, 4, 1)],
-            "gate_up_dot": [(32, 128, 4, 4), (16, 256, 4, 3), (16, 128, 8, 4), (16, 64, 4, 6)],
-            "down_dot": [(32, 128, 4, 4), (16, 256, 4, 2), (16, 64, 4, 4), (32, 64, 4, 4)]}
+            "down": [(16, 128, 16, 3), (16, 256, 16, 1), (4, 256, 4, 1)]}
 
 
 def moe_blocks(eng: Engine, rounds: int, kernel: str) -> None:
@@ -533,9 +516,6 @@ def main() -> int:
              ("shared_first", lambda: shared_first(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
-             ("expert_dots", lambda: expert_dots(eng, 4 * a.rounds + 4)),
-             ("gate_up_dot", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up_dot")),
-             ("down_dot", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down_dot")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),
              ("small", lambda: small(eng, 4 * a.rounds + 4)),
              ("undo", lambda: undo(eng, 10 * a.rounds)),

@@ -32,7 +32,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["R"])
     def _gate_up_act(x_ptr, w_ptr, ids_ptr, act_ptr, sh_off, R, I: tl.constexpr, H: tl.constexpr, TOP_K: tl.constexpr,
                      E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SHARED_FIRST: tl.constexpr,
-                     PDL: tl.constexpr, DOT: tl.constexpr = False):
+                     PDL: tl.constexpr):
         """SHARED_FIRST (each row's last slot is the shared expert, id E): the R rows' shared
         pairs first among the pairs; their programs need nothing from the router (the kernel
         before this one: its input x is older, their expert is fixed), so they skip the wait
@@ -41,9 +41,7 @@ if triton is not None:
         router still reads). Grid (pairs, blocks), pairs varying fastest as without
         SHARED_FIRST (a grid with every shared program dispatched first was 1.01-1.02x slower
         at 3 and 4 rows, device calls 47-50). Every program's arithmetic is the same either way.
-        The caller's promise: x was written before the router's launch. DOT: the products as
-        tl.dot of a 16-row x tile (row 0 the pair's row, the rest zeros) with the weight tiles,
-        pipelined like cuda_gemv's product (the element-wise sums below are not)."""
+        The caller's promise: x was written before the router's launch."""
         if SHARED_FIRST:
             q = tl.program_id(0)
             nb = tl.program_id(1)
@@ -65,36 +63,21 @@ if triton is not None:
         base = tl.where(e == E, sh_off, e * (2 * I) * H)
         g_rows = w_ptr + base + offs_n[:, None].to(tl.int64) * H
         u_rows = g_rows + I * H
-        if DOT:
-            offs_r = tl.arange(0, 16)
-            first = offs_r[:, None] == 0
-            dg = tl.zeros([16, BLOCK_N], dtype=tl.float32)
-            du = tl.zeros([16, BLOCK_N], dtype=tl.float32)
-            for k0 in range(0, H, BLOCK_K):       # H a multiple of BLOCK_K (the caller checks)
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                xt = tl.load(x_ptr + row * H + offs_r[:, None] * 0 + offs_k[None, :], mask=first, other=0.0)
-                wg = tl.load(g_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-                wu = tl.load(u_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-                dg = tl.dot(xt, tl.trans(wg), dg)
-                du = tl.dot(xt, tl.trans(wu), du)
-            g_sum = tl.sum(tl.where(first, dg, 0.0), axis=0)     # row 0, exactly
-            u_sum = tl.sum(tl.where(first, du, 0.0), axis=0)
-        else:
-            # products accumulate element-wise across the K blocks and are reduced once at the end
-            # (a reduction per block was a cross-thread shuffle per block)
-            acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-            acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-            for k0 in range(0, H, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                k_ok = offs_k < H
-                xv = tl.load(x_ptr + row * H + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                m = n_ok[:, None] & k_ok[None, :]
-                wg = tl.load(g_rows + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
-                wu = tl.load(u_rows + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
-                acc_g += wg * xv[None, :]
-                acc_u += wu * xv[None, :]
-            g_sum = tl.sum(acc_g, axis=1)
-            u_sum = tl.sum(acc_u, axis=1)
+        # products accumulate element-wise across the K blocks and are reduced once at the end
+        # (a reduction per block was a cross-thread shuffle per block)
+        acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = offs_k < H
+            xv = tl.load(x_ptr + row * H + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            m = n_ok[:, None] & k_ok[None, :]
+            wg = tl.load(g_rows + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
+            wu = tl.load(u_rows + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
+            acc_g += wg * xv[None, :]
+            acc_u += wu * xv[None, :]
+        g_sum = tl.sum(acc_g, axis=1)
+        u_sum = tl.sum(acc_u, axis=1)
         act = g_sum * tl.sigmoid(g_sum) * u_sum
         if PDL and SHARED_FIRST:
             if not routed:
@@ -103,9 +86,7 @@ if triton is not None:
 
     @triton.jit
     def _down_pair(act_ptr, w_ptr, ids_ptr, y_ptr, sh_off, H: tl.constexpr, I: tl.constexpr, E: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, DOT: tl.constexpr = False):
-        """y[pair, block] = W_d[e] act[pair] (fp32). DOT: as tl.dot of a 16-row act tile (row 0
-        the pair's), as _gate_up_act's DOT."""
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
@@ -115,26 +96,14 @@ if triton is not None:
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < H
         w_rows = w_ptr + tl.where(e == E, sh_off, e * H * I) + offs_n[:, None].to(tl.int64) * I
-        if DOT:
-            offs_r = tl.arange(0, 16)
-            first = offs_r[:, None] == 0
-            d = tl.zeros([16, BLOCK_N], dtype=tl.float32)
-            for k0 in range(0, I, BLOCK_K):       # I a multiple of BLOCK_K (the caller checks)
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                at = tl.load(act_ptr + pair * I + offs_r[:, None] * 0 + offs_k[None, :], mask=first, other=0.0)
-                wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-                d = tl.dot(at, tl.trans(wv), d)
-            y = tl.sum(tl.where(first, d, 0.0), axis=0)
-        else:
-            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-            for k0 in range(0, I, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                k_ok = offs_k < I
-                av = tl.load(act_ptr + pair * I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-                acc += wv * av[None, :]
-            y = tl.sum(acc, axis=1)
-        tl.store(y_ptr + pair * H + offs_n, y, mask=n_ok)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = offs_k < I
+            av = tl.load(act_ptr + pair * I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            acc += wv * av[None, :]
+        tl.store(y_ptr + pair * H + offs_n, tl.sum(acc, axis=1), mask=n_ok)
 
     @triton.jit
     def _combine(y_ptr, wt_ptr, extra_ptr, gate_ptr, gate_stride, out_ptr, res_ptr, nw_ptr, s_ptr, eps,
@@ -265,13 +234,8 @@ if triton is not None:
 # bench/cuda_moe_sweep.py (docs/cuda.md); gate/up from `--wide` and the whole forward's A/B
 # (bench/cuda_bench.py --sections gate_up: 0.959x of (8, 512, 4, 3) at 1 row, 0.984x at 4).
 SHARED_FIRST = True   # the shared expert's gate/up programs first, not waiting for the router
-# the expert products as tensor-core dots of a 16-row tile (one row used), software-pipelined
-# like cuda_gemv's: CONFIG's "gate_up_dot" / "down_dot" blocks where the shapes tile
-GATE_UP_DOT = True
-DOWN_DOT = True
 CONFIG = {"gate_up": (4, 1024, 8, 1), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),
-          "combine_norm": 32, "route": 1,   # these two: warps (bench/cuda_small_sweep.py)
-          "gate_up_dot": (16, 128, 4, 4), "down_dot": (16, 128, 4, 4)}
+          "combine_norm": 32, "route": 1}   # the last two: warps (bench/cuda_small_sweep.py)
 
 
 def route(logits: torch.Tensor, n_experts: int, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,23 +298,16 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
     gu_off = (shared_gu.data_ptr() - gu_all.data_ptr()) // gu_all.element_size() if shared_gu is not None else 0
     dn_off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size() if shared_down is not None else 0
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
-    dot = _dot_fits(GATE_UP_DOT, "gate_up_dot", h, x.dtype)
-    bn, bk, nw, ns = CONFIG["gate_up_dot" if dot else "gate_up"]
+    bn, bk, nw, ns = CONFIG["gate_up"]
     first = SHARED_FIRST and shared_gu is not None
     _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h,
                                               TOP_K=pairs_per_row, E=e, BLOCK_N=bn, BLOCK_K=bk, SHARED_FIRST=first,
-                                              DOT=dot, num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
+                                              num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
     y = torch.empty(n, h, dtype=torch.float32, device=x.device)
-    dot = _dot_fits(DOWN_DOT, "down_dot", inter, act.dtype)
-    bn, bk, nw, ns = CONFIG["down_dot" if dot else "down"]
+    bn, bk, nw, ns = CONFIG["down"]
     _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
-                                        DOT=dot, num_warps=nw, num_stages=ns, **cuda_launch.flags(act.device))
+                                        num_warps=nw, num_stages=ns, **cuda_launch.flags(act.device))
     return y
-
-
-def _dot_fits(on: bool, key: str, k: int, dtype: torch.dtype) -> bool:
-    """Whether an expert product runs as tl.dot: asked for, bf16, K a multiple of its block."""
-    return on and dtype == torch.bfloat16 and k % CONFIG[key][1] == 0
 
 
 def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu_all: torch.Tensor,
