@@ -4,10 +4,11 @@ After a mixer the exact path ran two short kernels back to back: the residual ad
 norm (one program per row, cuda_norms.add_row_norm) and the router product (1 MB of weights,
 split along K so its partials keep enough programs busy, cuda_gemv). Both are latency-bound.
 Here a program (column block nb, row r) does row r's add and norm itself, with
-add_row_norm's arithmetic (the sum s bit for bit; the norm's sum of squares in this kernel's
-own fixed order), and then its block of the router's logits from that row: every program of
-a row repeats the row's norm (a few KB from L2) instead of waiting for another launch. Its weight block is read before the kernel's wait
-(weights are never written: verispec/ops/cuda_launch.py). A program's work is one row's,
+add_row_norm's arithmetic (cuda_norms.add_norm_row: s bit for bit, the norm's sum of squares
+in this kernel's own layout), and then its block of
+the router's logits from that row: every program of a row repeats the row's norm (a few KB
+from L2) instead of waiting for another launch. Its weight block is read before the kernel's
+wait (weights are never written: verispec/ops/cuda_launch.py). A program's work is one row's,
 summed in one fixed order, so a row's bits cannot depend on how many rows the launch has.
 
   s = bf16(x + h);  y = ZC-norm(s);  logits[r, n] = bf16(sum_k W[n, k] * y[k])   (fp32 sums)
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cuda_launch
+from . import cuda_launch, cuda_norms
 
 try:
     import triton
@@ -45,18 +46,8 @@ if triton is not None:
         if PDL:   # verispec/ops/cuda_launch.py: nothing the previous kernel writes is touched before it is done
             gdc_wait()
             gdc_launch_dependents()
-        # the residual add and the norm, as cuda_norms._add_row_norm computes them
-        if SPLIT == 1:
-            hv = tl.load(h_ptr + row * H + offs, mask=m, other=0.0).to(tl.float32)
-        else:
-            acc = tl.zeros([BLOCK], dtype=tl.float32)
-            for sp in tl.static_range(SPLIT):
-                acc += tl.load(h_ptr + sp * split_stride + row * H + offs, mask=m, other=0.0)
-            hv = acc.to(s_ptr.dtype.element_ty).to(tl.float32)
-        s = (tl.load(x_ptr + row * H + offs, mask=m, other=0.0).to(tl.float32) + hv).to(s_ptr.dtype.element_ty)
-        xf = s.to(tl.float32)
-        y = xf * tl.math.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)
-        y = (y * (1.0 + tl.load(nw_ptr + offs, mask=m, other=0.0).to(tl.float32))).to(y_ptr.dtype.element_ty)
+        s, y = cuda_norms.add_norm_row(x_ptr, h_ptr, nw_ptr, split_stride, row, offs, m, eps, H, SPLIT,
+                                       s_ptr.dtype.element_ty)
         if nb == 0:   # every program of the row has the same s and y; one stores them
             tl.store(s_ptr + row * H + offs, s, mask=m)
             tl.store(y_ptr + row * H + offs, y, mask=m)
@@ -78,12 +69,7 @@ def add_norm_router(x: torch.Tensor, h, norm_w: torch.Tensor, eps: float,
     stored by one program while another still reads x: never in place)."""
     rows, hd = x.shape
     n = router.shape[0]
-    if hasattr(h, "parts"):
-        hc, split, stride = h.parts, h.parts.shape[0], h.parts.stride(0)
-        if h.parts.shape[2] != hd or not h.parts.is_contiguous():
-            raise ValueError("partials must be contiguous [SPLIT, rows, H]")
-    else:
-        hc, split, stride = h.contiguous(), 1, 0
+    hc, split, stride = cuda_norms.split_args(h, hd)
     s, y = torch.empty_like(x), torch.empty_like(x)
     lg = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     _add_norm_router[(triton.cdiv(n, BLOCK_N), rows)](x, hc, stride, norm_w.contiguous(), router, s, y, lg, eps, n,

@@ -55,6 +55,27 @@ if triton is not None:
         tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
+    def add_norm_row(x_ptr, h_ptr, nw_ptr, split_stride, row, offs, m, eps, N: tl.constexpr, SPLIT: tl.constexpr,
+                     dtype: tl.constexpr):
+        """Row `row`'s residual add and ZC norm over offs (mask m): s = x + h rounded to dtype (h
+        a product's output, or SPLIT > 1 its fp32 partials split_stride apart, summed in chunk
+        order and rounded first, as cuda_gemv's _split_sum would), y = ZC-norm(s) in dtype.
+        -> (s, y). Shared by _add_row_norm and cuda_norm_router: s the same bits in both; y's sum
+        of squares ordered by each kernel's own layout."""
+        if SPLIT == 1:
+            h = tl.load(h_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
+        else:
+            acc = tl.zeros(offs.shape, dtype=tl.float32)
+            for sp in tl.static_range(SPLIT):
+                acc += tl.load(h_ptr + sp * split_stride + row * N + offs, mask=m, other=0.0)
+            h = acc.to(dtype).to(tl.float32)
+        s = (tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32) + h).to(dtype)
+        x = s.to(tl.float32)
+        y = x * tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+        y = y * (1.0 + tl.load(nw_ptr + offs, mask=m, other=0.0).to(tl.float32))
+        return s, y.to(dtype)
+
+    @triton.jit
     def _add_row_norm(x_ptr, h_ptr, w_ptr, s_ptr, y_ptr, eps, split_stride, N: tl.constexpr, BLOCK: tl.constexpr,
                       SPLIT: tl.constexpr, PDL: tl.constexpr):
         """The residual add and the next RMSNorm in one pass: s = x + h (rounded to the
@@ -67,19 +88,9 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         m = offs < N
-        if SPLIT == 1:
-            h = tl.load(h_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
-        else:
-            acc = tl.zeros([BLOCK], dtype=tl.float32)
-            for sp in tl.static_range(SPLIT):
-                acc += tl.load(h_ptr + sp * split_stride + row * N + offs, mask=m, other=0.0)
-            h = acc.to(s_ptr.dtype.element_ty).to(tl.float32)
-        s = (tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32) + h).to(s_ptr.dtype.element_ty)
+        s, y = add_norm_row(x_ptr, h_ptr, w_ptr, split_stride, row, offs, m, eps, N, SPLIT, s_ptr.dtype.element_ty)
         tl.store(s_ptr + row * N + offs, s, mask=m)
-        x = s.to(tl.float32)
-        y = x * tl.math.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-        y = y * (1.0 + tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32))
-        tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
+        tl.store(y_ptr + row * N + offs, y, mask=m)
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -99,18 +110,22 @@ def row_norm(x: torch.Tensor, mode: int, eps: float, weight: torch.Tensor | None
     return y
 
 
+def split_args(h, n: int) -> tuple[torch.Tensor, int, int]:
+    """add_norm_row's h, SPLIT and split_stride for h [rows, n] or a cuda_gemv.Partials."""
+    if not hasattr(h, "parts"):
+        return h.contiguous(), 1, 0
+    if h.parts.shape[2] != n or not h.parts.is_contiguous():
+        raise ValueError(f"partials must be contiguous [SPLIT, rows, {n}]")
+    return h.parts, h.parts.shape[0], h.parts.stride(0)
+
+
 def add_row_norm(x: torch.Tensor, h, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + h, RMSNorm(x + h) with zero-centred weight) for x, h [rows, N]; one program per row.
     h may be a cuda_gemv.Partials (a split-K product's partial sums), summed here."""
     n = x.shape[-1]
     xc = x.contiguous()
     s, y = torch.empty_like(xc), torch.empty_like(xc)
-    if hasattr(h, "parts"):
-        hc, split, stride = h.parts, h.parts.shape[0], h.parts.stride(0)
-        if h.parts.shape[2] != n or not h.parts.is_contiguous():
-            raise ValueError("partials must be contiguous [SPLIT, rows, N]")
-    else:
-        hc, split, stride = h.contiguous(), 1, 0
+    hc, split, stride = split_args(h, n)
     _add_row_norm[(xc.numel() // n,)](xc, hc, weight.contiguous(), s, y, eps, stride, N=n,
                                       BLOCK=triton.next_power_of_2(n), SPLIT=split, num_warps=WARPS["add"],
                                       **cuda_launch.flags(xc.device))
