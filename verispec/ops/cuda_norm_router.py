@@ -5,10 +5,10 @@ norm (one program per row, cuda_norms.add_row_norm) and the router product (1 MB
 split along K so its partials keep enough programs busy, cuda_gemv). Both are latency-bound.
 Here a program (column block nb, row r) does row r's add and norm itself, with
 add_row_norm's arithmetic (cuda_norms.add_norm_row: s bit for bit, the norm's sum of squares
-in this kernel's own layout), and then its block of
-the router's logits from that row: every program of a row repeats the row's norm (a few KB
-from L2) instead of waiting for another launch. Its weight block is read before the kernel's
-wait (weights are never written: verispec/ops/cuda_launch.py). A program's work is one row's,
+in this kernel's own layout), and then its block of the router's logits from that row: every
+program of a row repeats the row's norm (a few KB from L2) instead of waiting for another
+launch. Its weight block is read before the kernel's wait (weights are never written:
+verispec/ops/cuda_launch.py). A program's work is one row's,
 summed in one fixed order, so a row's bits cannot depend on how many rows the launch has.
 
   s = bf16(x + h);  y = ZC-norm(s);  logits[r, n] = bf16(sum_k W[n, k] * y[k])   (fp32 sums)
