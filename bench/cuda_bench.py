@@ -18,6 +18,8 @@ arms interleaved within a round):
   fusions    the same (1, 3 and 4 rows), with every fusion of verispec/ops/cuda_fusions.py on and
              each one off (NORM_ROUTER sums the router's logits in another order: with it off the
              logits differ)
+  preload    the same (1, 3 and 4 rows): EARLY_LAUNCH and PRELOAD off, each alone, both, and the
+             preloading products' candidate blocks (PRELOAD_ARMS)
   shared_first  the same (1, 3 and 4 rows), with the shared expert's gate/up programs not waiting
              for the router, and with every program waiting
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
@@ -296,7 +298,7 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)
         restore()
 
 
-FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER")
+FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER", "EARLY_LAUNCH", "PRELOAD")
 
 
 def _launch_options():
@@ -306,6 +308,7 @@ def _launch_options():
 
     pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
+    preload_cfg = dict(cuda_gemv.PRELOAD_CONFIG)
     shared_first = cuda_moe.SHARED_FIRST
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
@@ -313,6 +316,8 @@ def _launch_options():
         cuda_launch.enabled, cuda_deltanet.STEPS = pdl_on, steps
         cuda_gemv.CONFIG.clear()
         cuda_gemv.CONFIG.update(gemv_cfg)
+        cuda_gemv.PRELOAD_CONFIG.clear()
+        cuda_gemv.PRELOAD_CONFIG.update(preload_cfg)
         cuda_moe.CONFIG.update(moe_cfg)
         cuda_moe.SHARED_FIRST = shared_first
         cuda_norms.WARPS.update(warps)
@@ -349,6 +354,33 @@ def fusions(eng: Engine, rounds: int) -> None:
         return lambda: [setattr(cuda_fusions, f, f not in off) for f in FUSIONS]
     graph_arms(eng, rounds, "fusions", {"all_on": only_off(), **{f"{f.lower()}_off": only_off(f) for f in FUSIONS}},
                row_counts=(1, 3, 4))
+
+
+# candidates for the preloading products' blocks (cuda_gemv.PRELOAD_CONFIG): name -> {shape: config}
+PRELOAD_ARMS = {
+    "out_16x1024": {(4096, 2048): (16, 128, 4, 4, 4, 1024)},
+    "out_16x512": {(4096, 2048): (16, 128, 4, 4, 8, 512)},
+    "in_256": {(2048, 12352): (32, 128, 4, 4, 1, 256), (2048, 9216): (32, 128, 4, 4, 1, 256)},
+    "in_16x1024": {(2048, 12352): (16, 128, 4, 4, 1, 1024), (2048, 9216): (16, 128, 4, 4, 1, 1024)}}
+
+
+def preload(eng: Engine, rounds: int) -> None:
+    """EARLY_LAUNCH and PRELOAD (verispec/ops/cuda_fusions.py) off, each alone, both (the
+    default), and the preloading products' candidate blocks (PRELOAD_ARMS), at 1, 3 and 4 rows.
+    EARLY_LAUNCH moves no bit; PRELOAD's products sum in another order."""
+    from verispec.ops import cuda_fusions, cuda_gemv
+    base = dict(cuda_gemv.PRELOAD_CONFIG)
+
+    def arm(early, pre, cfg=None):
+        def set_():
+            cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD = early, pre
+            cuda_gemv.PRELOAD_CONFIG.clear()
+            cuda_gemv.PRELOAD_CONFIG.update({**base, **(cfg or {})})
+        return set_
+    arms = {"both": arm(True, True), "none": arm(False, False), "early_only": arm(True, False),
+            "preload_only": arm(False, True)}
+    arms.update({name: arm(True, True, cfg) for name, cfg in PRELOAD_ARMS.items()})
+    graph_arms(eng, rounds, "preload", arms, row_counts=(1, 3, 4))
 
 
 # candidates for the expert kernels' blocks: the best of cuda_moe_sweep.py --wide, and gate/up's
@@ -513,6 +545,7 @@ def main() -> int:
              ("overhead", lambda: overhead(eng, ck, 4 * a.rounds + 4)),
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
+             ("preload", lambda: preload(eng, 4 * a.rounds + 4)),
              ("shared_first", lambda: shared_first(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
