@@ -18,8 +18,8 @@ arms interleaved within a round):
   fusions    the same (1, 3 and 4 rows), with every fusion of verispec/ops/cuda_fusions.py on and
              each one off (NORM_ROUTER sums the router's logits in another order: with it off the
              logits differ)
-  preload    the same (1, 3 and 4 rows): EARLY_LAUNCH and PRELOAD off, each alone, both, and the
-             preloading products' candidate blocks (PRELOAD_ARMS)
+  preload    the same (1, 3 and 4 rows): EARLY_LAUNCH, PRELOAD and TMA_PRODUCTS in combinations,
+             and the TMA products' candidate blocks (PRELOAD_ARMS)
   shared_first  the same (1, 3 and 4 rows), with the shared expert's gate/up programs not waiting
              for the router, and with every program waiting
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
@@ -298,17 +298,17 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)
         restore()
 
 
-FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER", "EARLY_LAUNCH", "PRELOAD")
+FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER", "EARLY_LAUNCH", "PRELOAD", "TMA_PRODUCTS")
 
 
 def _launch_options():
     """A function that puts the kernels' launch options back as they are now: PDL, the fusions, the
     products', expert and small kernels' settings and the recurrence's (the sections that vary them)."""
-    from verispec.ops import cuda_deltanet, cuda_fusions, cuda_gemv, cuda_launch, cuda_moe, cuda_norms
+    from verispec.ops import cuda_deltanet, cuda_fusions, cuda_gemv, cuda_gemv_tma, cuda_launch, cuda_moe, cuda_norms
 
     pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
-    preload_cfg = dict(cuda_gemv.PRELOAD_CONFIG)
+    preload_cfg, tma_cfg = dict(cuda_gemv.PRELOAD_CONFIG), dict(cuda_gemv_tma.CONFIG)
     shared_first = cuda_moe.SHARED_FIRST
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
@@ -318,6 +318,8 @@ def _launch_options():
         cuda_gemv.CONFIG.update(gemv_cfg)
         cuda_gemv.PRELOAD_CONFIG.clear()
         cuda_gemv.PRELOAD_CONFIG.update(preload_cfg)
+        cuda_gemv_tma.CONFIG.clear()
+        cuda_gemv_tma.CONFIG.update(tma_cfg)
         cuda_moe.CONFIG.update(moe_cfg)
         cuda_moe.SHARED_FIRST = shared_first
         cuda_norms.WARPS.update(warps)
@@ -356,31 +358,32 @@ def fusions(eng: Engine, rounds: int) -> None:
                row_counts=(1, 3, 4))
 
 
-# candidates for the preloading products' blocks (cuda_gemv.PRELOAD_CONFIG): name -> {shape: config}
+# the arms of the preload section: name -> (EARLY_LAUNCH, PRELOAD, TMA_PRODUCTS, {shape: TMA config})
 PRELOAD_ARMS = {
-    "out_16x1024": {(4096, 2048): (16, 128, 4, 4, 4, 1024)},
-    "out_16x512": {(4096, 2048): (16, 128, 4, 4, 8, 512)},
-    "in_256": {(2048, 12352): (32, 128, 4, 4, 1, 256), (2048, 9216): (32, 128, 4, 4, 1, 256)},
-    "in_16x1024": {(2048, 12352): (16, 128, 4, 4, 1, 1024), (2048, 9216): (16, 128, 4, 4, 1, 1024)}}
+    "all": (True, True, True, {}),
+    "none": (False, False, False, {}),
+    "early_preload": (True, True, False, {}),
+    "tma_only": (False, False, True, {}),
+    "tma_early": (True, False, True, {}),
+    "tma_pre4": (True, True, True, {(4096, 2048): (32, 64, 8, 4, 8, 4)}),
+    "tma_qkv64": (True, True, True, {(2048, 9216): (64, 64, 6, 6, 1, 4)}),
+    "tma_out_split4": (True, True, True, {(4096, 2048): (32, 64, 8, 8, 4, 4)})}
 
 
 def preload(eng: Engine, rounds: int) -> None:
-    """EARLY_LAUNCH and PRELOAD (verispec/ops/cuda_fusions.py) off, each alone, both (the
-    default), and the preloading products' candidate blocks (PRELOAD_ARMS), at 1, 3 and 4 rows.
-    EARLY_LAUNCH moves no bit; PRELOAD's products sum in another order."""
-    from verispec.ops import cuda_fusions, cuda_gemv
-    base = dict(cuda_gemv.PRELOAD_CONFIG)
+    """EARLY_LAUNCH, PRELOAD and TMA_PRODUCTS (verispec/ops/cuda_fusions.py) in the combinations
+    and TMA blocks of PRELOAD_ARMS, at 1, 3 and 4 rows. EARLY_LAUNCH moves no bit; the others'
+    products sum in another order."""
+    from verispec.ops import cuda_fusions, cuda_gemv_tma
+    base = dict(cuda_gemv_tma.CONFIG)
 
-    def arm(early, pre, cfg=None):
+    def arm(early, pre, tma, cfg):
         def set_():
-            cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD = early, pre
-            cuda_gemv.PRELOAD_CONFIG.clear()
-            cuda_gemv.PRELOAD_CONFIG.update({**base, **(cfg or {})})
+            cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD, cuda_fusions.TMA_PRODUCTS = early, pre, tma
+            cuda_gemv_tma.CONFIG.clear()
+            cuda_gemv_tma.CONFIG.update({**base, **cfg})
         return set_
-    arms = {"both": arm(True, True), "none": arm(False, False), "early_only": arm(True, False),
-            "preload_only": arm(False, True)}
-    arms.update({name: arm(True, True, cfg) for name, cfg in PRELOAD_ARMS.items()})
-    graph_arms(eng, rounds, "preload", arms, row_counts=(1, 3, 4))
+    graph_arms(eng, rounds, "preload", {name: arm(*a) for name, a in PRELOAD_ARMS.items()}, row_counts=(1, 3, 4))
 
 
 # candidates for the expert kernels' blocks: the best of cuda_moe_sweep.py --wide, and gate/up's

@@ -7,10 +7,10 @@ what the preloading products (cuda_gemv.PRELOAD_CONFIG) cost on their own (issue
             registers, after its wait and at its end. Arms: no kernel early, busy2 early, both
             early (cuda_launch.enter): does the loader start while busy1 still runs?
   products  the exact product chained over 16 weight copies (more than L2 holds), one row: the
-            base blocks against each preload configuration, us per product
+            base blocks against each preload configuration and the TMA product, us per product
   chains    per "layer" a recurrence-like kernel (256 programs spinning ~3 us), a norm-like one
             (32 programs, ~1.3 us) and the output product (4096 -> 2048 partials), 40 layers over
-            16 weight copies: EARLY_LAUNCH and PRELOAD off / each / both, us per layer
+            16 weight copies: EARLY_LAUNCH, PRELOAD and TMA_PRODUCTS in combinations, us per layer
 
   python3 bench/cuda_pdl_probe.py --out $OUT
 """
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cuda_timing import capture, replay_us  # noqa: E402
 
-from verispec.ops import cuda_fusions, cuda_gemv, cuda_launch  # noqa: E402
+from verispec.ops import cuda_fusions, cuda_gemv, cuda_gemv_tma, cuda_launch  # noqa: E402
 
 BF = torch.bfloat16
 
@@ -138,10 +138,17 @@ def products(res: dict) -> None:
         x = torch.randn(1, k, device="cuda").to(BF)
         cands = {"base": cuda_gemv.CONFIG.get((k, n), cuda_gemv.DEFAULT), "preload": pre,
                  "preload_kp0": pre[:5] + (0,)}
+        if (k, n) in cuda_gemv_tma.CONFIG:
+            cands["tma"] = ("tma",) + cuda_gemv_tma.CONFIG[(k, n)]
         for name, cfg in cands.items():
-            split = len(cfg) > 4 and cfg[4] > 1
-            g = capture(lambda cfg=cfg, split=split: [cuda_gemv.linear_rows(x, ws[i % 16], config=cfg, partials=split)
-                                                      for i in range(40)])
+            if cfg[0] == "tma":
+                split = cfg[5] > 1
+                g = capture(lambda cfg=cfg, split=split: [cuda_gemv_tma.linear_rows(x, ws[i % 16], partials=split,
+                                                                                    config=cfg[1:]) for i in range(40)])
+            else:
+                split = len(cfg) > 4 and cfg[4] > 1
+                g = capture(lambda cfg=cfg, split=split: [cuda_gemv.linear_rows(x, ws[i % 16], config=cfg,
+                                                                                partials=split) for i in range(40)])
             us = statistics.median(replay_us(g) for _ in range(5)) / 40
             mb = n * k * 2 / 1e6
             res.setdefault("products", {})[f"{k}x{n} {name} {cfg}"] = us
@@ -153,12 +160,13 @@ def chains(res: dict) -> None:
     ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(BF) for _ in range(16)]
     x = torch.randn(1, k, device="cuda").to(BF)
     ts = torch.zeros(1, dtype=torch.int64, device="cuda")
-    arms = {"none": (False, False), "early": (True, False), "preload": (False, True), "both": (True, True)}
-    kept = cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD
+    arms = {"none": (False, False, False), "early": (True, False, False), "preload": (False, True, False),
+            "both": (True, True, False), "tma": (False, False, True), "tma_early": (True, False, True)}
+    kept = cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD, cuda_fusions.TMA_PRODUCTS
     graphs = {}
     try:
-        for name, (early, pre) in arms.items():
-            cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD = early, pre
+        for name, (early, pre, tma_on) in arms.items():
+            cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD, cuda_fusions.TMA_PRODUCTS = early, pre, tma_on
 
             def layer_chain():
                 fe = cuda_launch.flags_early(x.device)
@@ -172,7 +180,7 @@ def chains(res: dict) -> None:
             for name in arms:
                 times[name].append(replay_us(graphs[name]) / 40)
     finally:
-        cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD = kept
+        cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD, cuda_fusions.TMA_PRODUCTS = kept
     res["chains"] = {name: statistics.median(v) for name, v in times.items()}
     print("[chains] us per layer (spin 3 us, spin 1.3 us, out product): " +
           "; ".join(f"{k} {v:.2f}" for k, v in res["chains"].items()), flush=True)
