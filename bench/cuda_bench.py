@@ -363,11 +363,11 @@ PRELOAD_ARMS = {
     "all": (True, True, True, {}),
     "none": (False, False, False, {}),
     "early_preload": (True, True, False, {}),
-    "tma_only": (False, False, True, {}),
-    "tma_early": (True, False, True, {}),
-    "tma_pre4": (True, True, True, {(4096, 2048): (32, 64, 8, 4, 8, 4)}),
-    "tma_qkv64": (True, True, True, {(2048, 9216): (64, 64, 6, 6, 1, 4)}),
-    "tma_out_split4": (True, True, True, {(4096, 2048): (32, 64, 8, 8, 4, 4)})}
+    "tma_no_early": (False, True, True, {}),
+    "tma_no_preload": (True, False, True, {}),
+    "tma_split8": (True, True, True, {(4096, 2048): (128, 64, 8, 8, 4)}),
+    "tma_64_split8": (True, True, True, {(4096, 2048): (64, 64, 8, 8, 4)}),
+    "tma_64_split16": (True, True, True, {(4096, 2048): (64, 64, 16, 4, 4)})}
 
 
 def preload(eng: Engine, rounds: int) -> None:

@@ -132,6 +132,12 @@ def timeline(res: dict) -> None:
               flush=True)
 
 
+# more TMA blocks to time alone: (BN, BK, STAGES, PRE, SPLIT, num_warps)
+TMA_CANDIDATES = {
+    (4096, 2048): [(128, 64, 8, 8, 4), (64, 64, 8, 8, 4), (64, 64, 16, 4, 4), (32, 64, 8, 8, 4), (128, 64, 16, 2, 4),
+                   (128, 64, 16, 0, 4)]}
+
+
 def products(res: dict) -> None:
     for (k, n), pre in sorted(cuda_gemv.PRELOAD_CONFIG.items()):
         ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(BF) for _ in range(16)]
@@ -140,9 +146,11 @@ def products(res: dict) -> None:
                  "preload_kp0": pre[:5] + (0,)}
         if (k, n) in cuda_gemv_tma.CONFIG:
             cands["tma"] = ("tma",) + cuda_gemv_tma.CONFIG[(k, n)]
+            for i, cfg in enumerate(TMA_CANDIDATES.get((k, n), [])):
+                cands[f"tma{i}"] = ("tma",) + cfg
         for name, cfg in cands.items():
             if cfg[0] == "tma":
-                split = cfg[5] > 1
+                split = cfg[3] > 1
                 g = capture(lambda cfg=cfg, split=split: [cuda_gemv_tma.linear_rows(x, ws[i % 16], partials=split,
                                                                                     config=cfg[1:]) for i in range(40)])
             else:
@@ -160,13 +168,18 @@ def chains(res: dict) -> None:
     ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(BF) for _ in range(16)]
     x = torch.randn(1, k, device="cuda").to(BF)
     ts = torch.zeros(1, dtype=torch.int64, device="cuda")
-    arms = {"none": (False, False, False), "early": (True, False, False), "preload": (False, True, False),
-            "both": (True, True, False), "tma": (False, False, True), "tma_early": (True, False, True)}
+    arms = {"none": (False, False, False, None), "early": (True, False, False, None),
+            "preload": (False, True, False, None), "both": (True, True, False, None),
+            "tma": (False, False, True, None), "tma_early": (True, False, True, None)}
+    for cfg in TMA_CANDIDATES[(k, n)]:
+        arms[f"tma_early {cfg}"] = (True, False, True, cfg)
     kept = cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD, cuda_fusions.TMA_PRODUCTS
+    kept_cfg = dict(cuda_gemv_tma.CONFIG)
     graphs = {}
     try:
-        for name, (early, pre, tma_on) in arms.items():
+        for name, (early, pre, tma_on, cfg) in arms.items():
             cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD, cuda_fusions.TMA_PRODUCTS = early, pre, tma_on
+            cuda_gemv_tma.CONFIG.update({(k, n): cfg or kept_cfg[(k, n)]})
 
             def layer_chain():
                 fe = cuda_launch.flags_early(x.device)
@@ -181,6 +194,7 @@ def chains(res: dict) -> None:
                 times[name].append(replay_us(graphs[name]) / 40)
     finally:
         cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD, cuda_fusions.TMA_PRODUCTS = kept
+        cuda_gemv_tma.CONFIG.update(kept_cfg)
     res["chains"] = {name: statistics.median(v) for name, v in times.items()}
     print("[chains] us per layer (spin 3 us, spin 1.3 us, out product): " +
           "; ".join(f"{k} {v:.2f}" for k, v in res["chains"].items()), flush=True)

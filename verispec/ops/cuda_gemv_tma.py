@@ -9,12 +9,12 @@ registers reached ~2.2 TB/s there (bench/cuda_pdl_probe.py); the Hopper tensor m
 accelerator (TMA) copies whole tiles into shared memory at the copy rate. This kernel is
 written in Gluon (Triton's explicit dialect), which exposes TMA, mbarriers and the layouts.
 
-Program (nb, s) owns output columns nb*BN.. over the s-th of SPLIT chunks of K, in NK blocks
-of BK. Its weight tiles go through a ring of STAGES shared-memory buffers; the first PRE are
-requested before the wait. After the wait the rows' x blocks come by TMA too (rows past R
-zero-filled by the descriptor's shape), each block's product is one tensor-core dot of the 16
-row slots with the tile (fp32 accumulation, blocks in order), so a row's bits depend on its own
-inputs alone, whatever R. Out: y [R, N] in x's dtype, or fp32 partials [SPLIT, 16, N] for a
+Program (nb, s) owns output columns nb*BN.. over the s-th of SPLIT chunks of K, in NK tiles
+of BK, all held in shared memory at once; the first PRE are requested before the wait, the
+rest right after it. Then the rows' x tiles come by TMA too (rows past R zero-filled by the
+descriptor's shape), and each tile's product is one tensor-core dot of the 16 row slots with
+it (fp32 accumulation, tiles in order; the loop unrolled so nothing waits on a ring), so a
+row's bits depend on its own inputs alone, whatever R. Out: y [R, N] in x's dtype, or fp32 partials [SPLIT, 16, N] for a
 consumer that sums them in chunk order (cuda_gemv.Partials).
 """
 
@@ -35,10 +35,11 @@ except ImportError:  # pragma: no cover - the CPU machine has no triton; older t
     gluon = None
 
 ROWS = 16
-# (K, N) -> (BN, BK, STAGES, PRE, SPLIT, num_warps); BK * 2 bytes = the 128-byte swizzle span
+# (K, N) -> (BN, BK, SPLIT, PRE, num_warps): a program holds its whole [BN, K / SPLIT] weight slab in
+# shared memory, in K / SPLIT / BK tiles (BK * 2 bytes = the 128-byte swizzle span), the first PRE
+# requested before the wait
 CONFIG: dict[tuple[int, int], tuple] = {
-    (4096, 2048): (32, 64, 8, 8, 8, 4),     # the mixers' output products: every tile before the wait
-    (2048, 9216): (32, 64, 8, 8, 1, 4)}     # the attention's input product
+    (4096, 2048): (128, 64, 16, 4, 4)}      # the mixers' output products: every tile before the wait
 
 if gluon is not None:
     @gluon.jit
@@ -53,22 +54,20 @@ if gluon is not None:
 
     @gluon.jit(do_not_specialize=["R"])
     def _gemv_tma(w_desc, x_desc, out_ptr, R, N, K: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                  STAGES: gl.constexpr, PRE: gl.constexpr, SPLIT: gl.constexpr, PARTIALS: gl.constexpr,
-                  PDL: gl.constexpr):
+                  SPLIT: gl.constexpr, PRE: gl.constexpr, PARTIALS: gl.constexpr, PDL: gl.constexpr):
         ROWS_P: gl.constexpr = 16
-        KS: gl.constexpr = K // SPLIT
-        NK: gl.constexpr = KS // BK
+        NK: gl.constexpr = K // SPLIT // BK
         nb = gl.program_id(0)
         sp = gl.program_id(1)
         n0 = nb * BN
-        k0 = sp * KS
-        w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
-        x_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, ROWS_P, BK], x_desc.layout)
-        wbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        xbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
+        k0 = sp * (K // SPLIT)
+        w_smem = gl.allocate_shared_memory(w_desc.dtype, [NK, BN, BK], w_desc.layout)
+        x_smem = gl.allocate_shared_memory(x_desc.dtype, [NK, ROWS_P, BK], x_desc.layout)
+        wbar = gl.allocate_shared_memory(gl.int64, [NK, 1], mbarrier.MBarrierLayout())
+        xbar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NK):
             mbarrier.init(wbar.index(i), count=1)
-            mbarrier.init(xbar.index(i), count=1)
+        mbarrier.init(xbar.index(0), count=1)
         fence_async_shared()
         for i in gl.static_range(PRE):      # weights are never written: requested before the wait
             mbarrier.expect(wbar.index(i), w_desc.block_type.nbytes)
@@ -76,36 +75,27 @@ if gluon is not None:
         if PDL:   # cuda_launch.py: nothing the previous kernels write is read before they are done
             _gdc_wait()
             _gdc_launch_dependents()
-        for i in gl.static_range(PRE, STAGES):
+        for i in gl.static_range(PRE, NK):
             mbarrier.expect(wbar.index(i), w_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(w_desc, [n0, k0 + i * BK], wbar.index(i), w_smem.index(i))
-        for i in gl.static_range(STAGES):
-            mbarrier.expect(xbar.index(i), x_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(x_desc, [0, k0 + i * BK], xbar.index(i), x_smem.index(i))
+        mbarrier.expect(xbar.index(0), NK * x_desc.block_type.nbytes)
+        for i in gl.static_range(NK):
+            tma.async_copy_global_to_shared(x_desc, [0, k0 + i * BK], xbar.index(0), x_smem.index(i))
 
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, gl.num_warps()],
                                                       instr_shape=[16, 8])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
         b_layout: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
         acc = gl.zeros([ROWS_P, BN], gl.float32, mma)
-        for kb in range(NK):
-            s = kb % STAGES
-            phase = (kb // STAGES) & 1
-            mbarrier.wait(xbar.index(s), phase)
-            mbarrier.wait(wbar.index(s), phase)
-            a = x_smem.index(s).load(a_layout)                           # [16, BK]
-            b = w_smem.index(s).permute((1, 0)).load(b_layout)           # [BK, BN]
+        mbarrier.wait(xbar.index(0), 0)
+        for i in gl.static_range(NK):       # K blocks in order: the same sums for every row count
+            mbarrier.wait(wbar.index(i), 0)
+            a = x_smem.index(i).load(a_layout)                           # [16, BK]
+            b = w_smem.index(i).permute((1, 0)).load(b_layout)           # [BK, BN]
             acc = mma_v2(a, b, acc)
-            if kb + STAGES < NK:        # refill the stage once every warp has read it
-                gl.thread_barrier()
-                fence_async_shared()
-                mbarrier.expect(wbar.index(s), w_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(w_desc, [n0, k0 + (kb + STAGES) * BK], wbar.index(s), w_smem.index(s))
-                mbarrier.expect(xbar.index(s), x_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(x_desc, [0, k0 + (kb + STAGES) * BK], xbar.index(s), x_smem.index(s))
-        for i in gl.static_range(STAGES):
+        for i in gl.static_range(NK):
             mbarrier.invalidate(wbar.index(i))
-            mbarrier.invalidate(xbar.index(i))
+        mbarrier.invalidate(xbar.index(0))
 
         offs_r = gl.arange(0, ROWS_P, layout=gl.SliceLayout(1, mma))
         offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
@@ -130,7 +120,7 @@ def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 def splits(k: int, n: int) -> bool:
     cfg = CONFIG.get((k, n))
-    return cfg is not None and cfg[4] > 1
+    return cfg is not None and cfg[2] > 1
 
 
 _W_DESC: dict = {}
@@ -151,10 +141,10 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, partials: bool = False, config
     configuration) the fp32 partial sums [SPLIT, 16, N] (rows past R unwritten)."""
     rows, k = x.shape
     n = w.shape[0]
-    bn, bk, stages, pre, split, warps = config or CONFIG[(k, n)]
+    bn, bk, split, pre, warps = config or CONFIG[(k, n)]
     nk = k // split // bk
-    if k % (split * bk) or stages > nk or pre > stages:
-        raise ValueError(f"TMA product ({k}, {n}): blocks {config or CONFIG[(k, n)]} do not tile K")
+    if k % (split * bk) or pre > nk or nk > 16:
+        raise ValueError(f"TMA product ({k}, {n}): blocks {config or CONFIG[(k, n)]} do not tile K in <= 16 tiles")
     if partials != (split > 1):
         raise ValueError(f"TMA product ({k}, {n}): partials={partials} with SPLIT {split}")
     xl = gl.NVMMASharedLayout.get_default_for([ROWS, bk], gl.bfloat16)
@@ -165,6 +155,5 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, partials: bool = False, config
         out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     f = cuda_launch.flags(x.device)
     _gemv_tma[(triton.cdiv(n, bn), split)](_w_desc(w, bn, bk), x_desc, out, rows, n, K=k, BN=bn, BK=bk,
-                                           STAGES=stages, PRE=pre, SPLIT=split, PARTIALS=partials,
-                                           num_warps=warps, **f)
+                                           SPLIT=split, PRE=pre, PARTIALS=partials, num_warps=warps, **f)
     return out
