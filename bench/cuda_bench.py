@@ -358,30 +358,32 @@ def fusions(eng: Engine, rounds: int) -> None:
                row_counts=(1, 3, 4))
 
 
-# the arms of the preload section: name -> (EARLY_LAUNCH, PRELOAD, TMA_PRODUCTS, {shape: TMA config})
+# the arms of the preload section: name -> (EARLY_LAUNCH, PRELOAD, TMA_PRODUCTS, {shape: PRELOAD config or
+# None (not preloaded)}, {shape: TMA config})
 PRELOAD_ARMS = {
-    "all": (True, True, True, {}),
-    "none": (False, False, False, {}),
-    "early_preload": (True, True, False, {}),
-    "tma_no_early": (False, True, True, {}),
-    "tma_no_preload": (True, False, True, {}),
-    "tma_split8": (True, True, True, {(4096, 2048): (128, 64, 8, 8, 4)}),
-    "tma_64_split8": (True, True, True, {(4096, 2048): (64, 64, 8, 8, 4)}),
-    "tma_64_split16": (True, True, True, {(4096, 2048): (64, 64, 16, 4, 4)})}
+    "none": (False, False, False, {}, {}),
+    "early_preload": (True, True, False, {}, {}),
+    "early_preload_in": (True, True, False, {(4096, 2048): None}, {}),
+    "preload_in": (False, True, False, {(4096, 2048): None}, {}),
+    "early_preload_in512": (True, True, False, {(4096, 2048): None, (2048, 12352): (32, 128, 4, 4, 1, 512),
+                                                (2048, 9216): (32, 128, 4, 4, 1, 512)}, {}),
+    "early_tma": (True, True, True, {}, {(4096, 2048): (64, 64, 8, 8, 4)})}
 
 
 def preload(eng: Engine, rounds: int) -> None:
     """EARLY_LAUNCH, PRELOAD and TMA_PRODUCTS (verispec/ops/cuda_fusions.py) in the combinations
     and TMA blocks of PRELOAD_ARMS, at 1, 3 and 4 rows. EARLY_LAUNCH moves no bit; the others'
     products sum in another order."""
-    from verispec.ops import cuda_fusions, cuda_gemv_tma
-    base = dict(cuda_gemv_tma.CONFIG)
+    from verispec.ops import cuda_fusions, cuda_gemv, cuda_gemv_tma
+    base, base_pre = dict(cuda_gemv_tma.CONFIG), dict(cuda_gemv.PRELOAD_CONFIG)
 
-    def arm(early, pre, tma, cfg):
+    def arm(early, pre, tma, pre_cfg, tma_cfg):
         def set_():
             cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD, cuda_fusions.TMA_PRODUCTS = early, pre, tma
             cuda_gemv_tma.CONFIG.clear()
-            cuda_gemv_tma.CONFIG.update({**base, **cfg})
+            cuda_gemv_tma.CONFIG.update({**base, **tma_cfg})
+            cuda_gemv.PRELOAD_CONFIG.clear()
+            cuda_gemv.PRELOAD_CONFIG.update({k: v for k, v in {**base_pre, **pre_cfg}.items() if v is not None})
         return set_
     graph_arms(eng, rounds, "preload", {name: arm(*a) for name, a in PRELOAD_ARMS.items()}, row_counts=(1, 3, 4))
 

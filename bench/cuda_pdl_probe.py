@@ -6,6 +6,8 @@ what the preloading products (cuda_gemv.PRELOAD_CONFIG) cost on their own (issue
             wait; every program stamps the global timer at its start, when its loads are in
             registers, after its wait and at its end. Arms: no kernel early, busy2 early, both
             early (cuda_launch.enter): does the loader start while busy1 still runs?
+  wake      how long after a kernel's end its dependent's programs pass their wait, launched
+            after its wait (the default) or early, with 0-3 early kernels between
   products  the exact product chained over 16 weight copies (more than L2 holds), one row: the
             base blocks against each preload configuration and the TMA product, us per product
   chains    per "layer" a recurrence-like kernel (256 programs spinning ~3 us), a norm-like one
@@ -138,6 +140,38 @@ TMA_CANDIDATES = {
                    (128, 64, 16, 0, 4)]}
 
 
+def wake(res: dict) -> None:
+    """How long after a kernel ends its dependent's programs pass their wait: busy (one program,
+    5 us) -> waiter (256 programs stamping the time after their wait), the waiter launched when
+    busy has passed its own wait (the default) or at busy's start (EARLY), and with 1..3 more
+    busy kernels of 0 us between (each EARLY), the waiter resident and waiting all along."""
+    f = cuda_launch.flags(torch.device("cuda"))
+    pdl, extra = f["PDL"], {k: v for k, v in f.items() if k != "PDL"}
+    tb = torch.zeros(4, dtype=torch.int64, device="cuda")
+    tz = torch.zeros(4, dtype=torch.int64, device="cuda")
+    tw = torch.zeros(256 * 4, dtype=torch.int64, device="cuda")
+    w = torch.zeros(256 * 32 * 16, device="cuda").to(BF)
+    out = torch.empty(256, device="cuda")
+    for name, early, between in (("default", False, 0), ("early", True, 0), ("early_1_between", True, 1),
+                                 ("early_3_between", True, 3)):
+        def chain():
+            _busy[(1,)](tb, 5000, PDL=pdl, EARLY=early and pdl, **extra)
+            for _ in range(between):
+                _busy[(1,)](tz, 0, PDL=pdl, EARLY=pdl, **extra)
+            _loader[(256,)](w, out, tw, KP=16, BN=32, num_warps=4, **f)
+        g = capture(chain)
+        gaps = []
+        for _ in range(7):
+            g.replay()
+            torch.cuda.synchronize()
+            b, c = tb.view(-1, 4).cpu().double(), tw.view(-1, 4).cpu().double()
+            gaps.append(((c[:, 2].median() - b[0, 3]) / 1e3, (c[:, 2].max() - b[0, 3]) / 1e3))
+        med = (statistics.median(x[0] for x in gaps), statistics.median(x[1] for x in gaps))
+        res.setdefault("wake", {})[name] = {"median_us": med[0], "last_us": med[1]}
+        print(f"[wake] {name}: waiters pass their wait {med[0]:.2f} us (median), {med[1]:.2f} us (last) "
+              f"after busy's last stamp", flush=True)
+
+
 def products(res: dict) -> None:
     for (k, n), pre in sorted(cuda_gemv.PRELOAD_CONFIG.items()):
         ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(BF) for _ in range(16)]
@@ -203,7 +237,7 @@ def chains(res: dict) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
-    p.add_argument("--sections", default="timeline,products,chains")
+    p.add_argument("--sections", default="timeline,wake,products,chains")
     a = p.parse_args()
     if not torch.cuda.is_available():
         print("cuda_pdl_probe: no CUDA GPU", file=sys.stderr)
