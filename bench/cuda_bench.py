@@ -18,8 +18,8 @@ arms interleaved within a round):
   fusions    the same (1, 3 and 4 rows), with every fusion of verispec/ops/cuda_fusions.py on and
              each one off (NORM_ROUTER sums the router's logits in another order: with it off the
              logits differ)
-  preload    the same (1, 3 and 4 rows): EARLY_LAUNCH, PRELOAD and TMA_PRODUCTS in combinations,
-             and the TMA products' candidate blocks (PRELOAD_ARMS)
+  preload    the same (1, 3 and 4 rows): EARLY_LAUNCH (with and without its links) and PRELOAD in
+             combinations (PRELOAD_ARMS)
   shared_first  the same (1, 3 and 4 rows), with the shared expert's gate/up programs not waiting
              for the router, and with every program waiting
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
@@ -298,17 +298,17 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)
         restore()
 
 
-FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER", "EARLY_LAUNCH", "PRELOAD", "TMA_PRODUCTS")
+FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER", "EARLY_LAUNCH", "PRELOAD")
 
 
 def _launch_options():
     """A function that puts the kernels' launch options back as they are now: PDL, the fusions, the
     products', expert and small kernels' settings and the recurrence's (the sections that vary them)."""
-    from verispec.ops import cuda_deltanet, cuda_fusions, cuda_gemv, cuda_gemv_tma, cuda_launch, cuda_moe, cuda_norms
+    from verispec.ops import cuda_deltanet, cuda_fusions, cuda_gemv, cuda_launch, cuda_moe, cuda_norms
 
     pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
-    preload_cfg, tma_cfg = dict(cuda_gemv.PRELOAD_CONFIG), dict(cuda_gemv_tma.CONFIG)
+    preload_cfg, links = dict(cuda_gemv.PRELOAD_CONFIG), cuda_launch.LINKS
     shared_first = cuda_moe.SHARED_FIRST
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
@@ -318,8 +318,7 @@ def _launch_options():
         cuda_gemv.CONFIG.update(gemv_cfg)
         cuda_gemv.PRELOAD_CONFIG.clear()
         cuda_gemv.PRELOAD_CONFIG.update(preload_cfg)
-        cuda_gemv_tma.CONFIG.clear()
-        cuda_gemv_tma.CONFIG.update(tma_cfg)
+        cuda_launch.LINKS = links
         cuda_moe.CONFIG.update(moe_cfg)
         cuda_moe.SHARED_FIRST = shared_first
         cuda_norms.WARPS.update(warps)
@@ -358,30 +357,27 @@ def fusions(eng: Engine, rounds: int) -> None:
                row_counts=(1, 3, 4))
 
 
-# the arms of the preload section: name -> (EARLY_LAUNCH, PRELOAD, TMA_PRODUCTS, {shape: PRELOAD config or
-# None (not preloaded)}, {shape: TMA config})
+# the arms of the preload section: name -> (EARLY_LAUNCH, cuda_launch.LINKS, PRELOAD, {shape: PRELOAD config or
+# None (not preloaded)})
 PRELOAD_ARMS = {
-    "none": (False, False, False, {}, {}),
-    "early_preload": (True, True, False, {}, {}),
-    "early_preload_in": (True, True, False, {(4096, 2048): None}, {}),
-    "preload_in": (False, True, False, {(4096, 2048): None}, {}),
-    "early_preload_in512": (True, True, False, {(4096, 2048): None, (2048, 12352): (32, 128, 4, 4, 1, 512),
-                                                (2048, 9216): (32, 128, 4, 4, 1, 512)}, {}),
-    "early_tma": (True, True, True, {}, {(4096, 2048): (64, 64, 8, 8, 4)})}
+    "none": (False, False, False, {}),
+    "early_preload": (True, False, True, {}),
+    "early_preload_links": (True, True, True, {}),
+    "early": (True, False, False, {}),
+    "preload": (False, False, True, {}),
+    "early_preload_in": (True, False, True, {(4096, 2048): None})}
 
 
 def preload(eng: Engine, rounds: int) -> None:
-    """EARLY_LAUNCH, PRELOAD and TMA_PRODUCTS (verispec/ops/cuda_fusions.py) in the combinations
-    and TMA blocks of PRELOAD_ARMS, at 1, 3 and 4 rows. EARLY_LAUNCH moves no bit; the others'
-    products sum in another order."""
-    from verispec.ops import cuda_fusions, cuda_gemv, cuda_gemv_tma
-    base, base_pre = dict(cuda_gemv_tma.CONFIG), dict(cuda_gemv.PRELOAD_CONFIG)
+    """EARLY_LAUNCH (with and without its links, cuda_launch.LINKS) and PRELOAD
+    (verispec/ops/cuda_fusions.py) in the combinations of PRELOAD_ARMS, at 1, 3 and 4 rows.
+    EARLY_LAUNCH moves no bit; PRELOAD's products sum in another order."""
+    from verispec.ops import cuda_fusions, cuda_gemv, cuda_launch
+    base_pre = dict(cuda_gemv.PRELOAD_CONFIG)
 
-    def arm(early, pre, tma, pre_cfg, tma_cfg):
+    def arm(early, links, pre, pre_cfg):
         def set_():
-            cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD, cuda_fusions.TMA_PRODUCTS = early, pre, tma
-            cuda_gemv_tma.CONFIG.clear()
-            cuda_gemv_tma.CONFIG.update({**base, **tma_cfg})
+            cuda_fusions.EARLY_LAUNCH, cuda_launch.LINKS, cuda_fusions.PRELOAD = early, links, pre
             cuda_gemv.PRELOAD_CONFIG.clear()
             cuda_gemv.PRELOAD_CONFIG.update({k: v for k, v in {**base_pre, **pre_cfg}.items() if v is not None})
         return set_

@@ -9,10 +9,10 @@ what the preloading products (cuda_gemv.PRELOAD_CONFIG) cost on their own (issue
   wake      how long after a kernel's end its dependent's programs pass their wait, launched
             after its wait (the default) or early, with 0-3 early kernels between
   products  the exact product chained over 16 weight copies (more than L2 holds), one row: the
-            base blocks against each preload configuration and the TMA product, us per product
+            base blocks against each preload configuration, us per product
   chains    per "layer" a recurrence-like kernel (256 programs spinning ~3 us), a norm-like one
             (32 programs, ~1.3 us) and the output product (4096 -> 2048 partials), 40 layers over
-            16 weight copies: EARLY_LAUNCH, PRELOAD and TMA_PRODUCTS in combinations, us per layer
+            16 weight copies: EARLY_LAUNCH and PRELOAD off / each / both, us per layer
 
   python3 bench/cuda_pdl_probe.py --out $OUT
 """
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cuda_timing import capture, replay_us  # noqa: E402
 
-from verispec.ops import cuda_fusions, cuda_gemv, cuda_gemv_tma, cuda_launch  # noqa: E402
+from verispec.ops import cuda_fusions, cuda_gemv, cuda_launch  # noqa: E402
 
 BF = torch.bfloat16
 
@@ -134,12 +134,6 @@ def timeline(res: dict) -> None:
               flush=True)
 
 
-# more TMA blocks to time alone: (BN, BK, STAGES, PRE, SPLIT, num_warps)
-TMA_CANDIDATES = {
-    (4096, 2048): [(128, 64, 8, 8, 4), (64, 64, 8, 8, 4), (64, 64, 16, 4, 4), (32, 64, 8, 8, 4), (128, 64, 16, 2, 4),
-                   (128, 64, 16, 0, 4)]}
-
-
 def wake(res: dict) -> None:
     """How long after a kernel ends its dependent's programs pass their wait: busy (one program,
     5 us) -> waiter (256 programs stamping the time after their wait), the waiter launched when
@@ -166,7 +160,7 @@ def wake(res: dict) -> None:
             torch.cuda.synchronize()
             b, c = tb.view(-1, 4).cpu().double(), tw.view(-1, 4).cpu().double()
             gaps.append(((c[:, 2].median() - b[0, 3]) / 1e3, (c[:, 2].max() - b[0, 3]) / 1e3))
-        med = (statistics.median(x[0] for x in gaps), statistics.median(x[1] for x in gaps))
+        med = (statistics.median(float(x[0]) for x in gaps), statistics.median(float(x[1]) for x in gaps))
         res.setdefault("wake", {})[name] = {"median_us": med[0], "last_us": med[1]}
         print(f"[wake] {name}: waiters pass their wait {med[0]:.2f} us (median), {med[1]:.2f} us (last) "
               f"after busy's last stamp", flush=True)
@@ -178,19 +172,10 @@ def products(res: dict) -> None:
         x = torch.randn(1, k, device="cuda").to(BF)
         cands = {"base": cuda_gemv.CONFIG.get((k, n), cuda_gemv.DEFAULT), "preload": pre,
                  "preload_kp0": pre[:5] + (0,)}
-        if (k, n) in cuda_gemv_tma.CONFIG:
-            cands["tma"] = ("tma",) + cuda_gemv_tma.CONFIG[(k, n)]
-            for i, cfg in enumerate(TMA_CANDIDATES.get((k, n), [])):
-                cands[f"tma{i}"] = ("tma",) + cfg
         for name, cfg in cands.items():
-            if cfg[0] == "tma":
-                split = cfg[3] > 1
-                g = capture(lambda cfg=cfg, split=split: [cuda_gemv_tma.linear_rows(x, ws[i % 16], partials=split,
-                                                                                    config=cfg[1:]) for i in range(40)])
-            else:
-                split = len(cfg) > 4 and cfg[4] > 1
-                g = capture(lambda cfg=cfg, split=split: [cuda_gemv.linear_rows(x, ws[i % 16], config=cfg,
-                                                                                partials=split) for i in range(40)])
+            split = len(cfg) > 4 and cfg[4] > 1
+            g = capture(lambda cfg=cfg, split=split: [cuda_gemv.linear_rows(x, ws[i % 16], config=cfg, partials=split)
+                                                      for i in range(40)])
             us = statistics.median(replay_us(g) for _ in range(5)) / 40
             mb = n * k * 2 / 1e6
             res.setdefault("products", {})[f"{k}x{n} {name} {cfg}"] = us
@@ -202,18 +187,12 @@ def chains(res: dict) -> None:
     ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(BF) for _ in range(16)]
     x = torch.randn(1, k, device="cuda").to(BF)
     ts = torch.zeros(1, dtype=torch.int64, device="cuda")
-    arms = {"none": (False, False, False, None), "early": (True, False, False, None),
-            "preload": (False, True, False, None), "both": (True, True, False, None),
-            "tma": (False, False, True, None), "tma_early": (True, False, True, None)}
-    for cfg in TMA_CANDIDATES[(k, n)]:
-        arms[f"tma_early {cfg}"] = (True, False, True, cfg)
-    kept = cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD, cuda_fusions.TMA_PRODUCTS
-    kept_cfg = dict(cuda_gemv_tma.CONFIG)
+    arms = {"none": (False, False), "early": (True, False), "preload": (False, True), "both": (True, True)}
+    kept = cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD
     graphs = {}
     try:
-        for name, (early, pre, tma_on, cfg) in arms.items():
-            cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD, cuda_fusions.TMA_PRODUCTS = early, pre, tma_on
-            cuda_gemv_tma.CONFIG.update({(k, n): cfg or kept_cfg[(k, n)]})
+        for name, (early, pre) in arms.items():
+            cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD = early, pre
 
             def layer_chain():
                 fe = cuda_launch.flags_early(x.device)
@@ -227,8 +206,7 @@ def chains(res: dict) -> None:
             for name in arms:
                 times[name].append(replay_us(graphs[name]) / 40)
     finally:
-        cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD, cuda_fusions.TMA_PRODUCTS = kept
-        cuda_gemv_tma.CONFIG.update(kept_cfg)
+        cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD = kept
     res["chains"] = {name: statistics.median(v) for name, v in times.items()}
     print("[chains] us per layer (spin 3 us, spin 1.3 us, out product): " +
           "; ".join(f"{k} {v:.2f}" for k, v in res["chains"].items()), flush=True)

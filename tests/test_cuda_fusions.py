@@ -30,7 +30,7 @@ def test_logits_stored_wide_equal_the_bf16_product_widened():
         cuda_gemv.linear_rows(_rand(16, 4096), _rand(2048, 4096), partials=True, out_dtype=torch.float32)
 
 
-FLAGS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER", "EARLY_LAUNCH", "PRELOAD", "TMA_PRODUCTS")
+FLAGS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER", "EARLY_LAUNCH", "PRELOAD")
 
 
 @pytest.fixture
@@ -151,7 +151,6 @@ def test_preloaded_products_rows_and_reference(k, n, fusions_restored):
     for bit, and the product is within bf16 rounding of torch's, summed partials included."""
     w, x = _rand(n, k) * k ** -0.5, _rand(16, k)
     ref = x.float() @ w.float().T
-    cuda_fusions.TMA_PRODUCTS = False
     for on in (True, False):
         cuda_fusions.PRELOAD = on
         assert (cuda_gemv.blocks(k, n) == cuda_gemv.PRELOAD_CONFIG[(k, n)]) == on
@@ -168,51 +167,28 @@ def test_preloaded_products_rows_and_reference(k, n, fusions_restored):
         assert (got - ref).norm() / ref.norm() < 1e-2, on
 
 
-TMA_CASES = [((4096, 2048), None), ((4096, 2048), (64, 64, 8, 2, 4)), ((4096, 2048), (32, 64, 16, 0, 4)),
-             ((2048, 9216), (64, 64, 4, 8, 4))]
-
-
-@pytest.mark.parametrize("shape,cfg", TMA_CASES)
-def test_tma_products_rows_and_reference(shape, cfg):
-    """The products whose weight tiles come by TMA (cuda_gemv_tma), with their configuration,
-    others, and nothing requested before the wait: every row count's
-    rows equal the 16-row launch's bit for bit (partials included), within bf16 rounding of
-    torch's product."""
-    from verispec.ops import cuda_gemv_tma
-    k, n = shape
-    split = (cfg or cuda_gemv_tma.CONFIG[shape])[2] > 1
-    w, x = _rand(n, k) * k ** -0.5, _rand(16, k)
-    ref = x.float() @ w.float().T
-
-    def run(m):   # [SPLIT, m, n] partials, or [1, m, n]
-        out = cuda_gemv_tma.linear_rows(x[:m], w, partials=split, config=cfg)
-        if split:
-            return out[:, :m]
-        return out[None]
-    full = run(16)
-    for m in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16):
-        assert torch.equal(run(m), full[:, :m]), m
-    got = full.float().sum(0)
-    assert (got - ref).norm() / ref.norm() < 1e-2
-
-
-def test_model_rows_with_early_launch_preload_and_tma(fusions_restored):
-    """The real-shaped model with EARLY_LAUNCH, PRELOAD and TMA_PRODUCTS on and off: in each, a
-    verify's rows equal decode rows bit for bit, eager and graphed alike; EARLY_LAUNCH moves no
-    bit (the same kernels, only their launch overlaps)."""
+def test_model_rows_with_early_launch_and_preload(fusions_restored):
+    """The real-shaped model with EARLY_LAUNCH (short chains and with its links) and PRELOAD on and
+    off: in each, a verify's rows equal decode rows bit for bit, eager and graphed alike;
+    EARLY_LAUNCH moves no bit (the same kernels, only their launch overlaps)."""
+    from verispec.ops import cuda_launch
     ck = random_checkpoint(preset_config("qwen3.6-35b-a3b-shape", layers=4), seed=43, device="cuda")
     ids = [5, 3, 5, 8, 9, 7]
     got = {}
-    cases = [(True, True, True), (False, True, True), (True, True, False), (True, False, False),
+    cases = [(True, False, True), (True, True, True), (False, False, True), (True, False, False),
              (False, False, False)]
-    for early, preload, tma in cases:
-        cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD, cuda_fusions.TMA_PRODUCTS = early, preload, tma
+    links = cuda_launch.LINKS
+    try:
+        for early, link, preload in cases:
+            cuda_fusions.EARLY_LAUNCH, cuda_launch.LINKS, cuda_fusions.PRELOAD = early, link, preload
+            for graphs in (False, True):
+                eng = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=graphs))
+                ones, many = _decode_and_verify(eng.model, ids)
+                assert torch.equal(ones, many), (early, link, preload, graphs)
+                got[early, link, preload, graphs] = ones
+    finally:
+        cuda_launch.LINKS = links
+    for early, link, preload in cases:
         for graphs in (False, True):
-            eng = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=graphs))
-            ones, many = _decode_and_verify(eng.model, ids)
-            assert torch.equal(ones, many), (early, preload, tma, graphs)
-            got[early, preload, tma, graphs] = ones
-    for early, preload, tma in cases:
-        for graphs in (False, True):
-            assert torch.equal(got[early, preload, tma, graphs], got[True, preload, tma, False]), \
-                (early, preload, tma, graphs)
+            assert torch.equal(got[early, link, preload, graphs], got[True, False, preload, False]), \
+                (early, link, preload, graphs)

@@ -24,7 +24,6 @@ from . import cuda_launch
 try:
     import triton
     import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -145,12 +144,14 @@ def gated_attention(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
         raise ValueError("gated_attention needs unit-stride projections and contiguous caches")
     q = torch.empty(rows, nh, hd, dtype=proj.dtype, device=proj.device)
     _prep[(rows, nh + nkv)](proj, proj.stride(0), q_norm, k_norm, cos, sin, pos, q, kc, vc, eps, NH=nh, NKV=nkv,
-                            HD=hd, ROT=rot, L=length, num_warps=4, **cuda_launch.flags_early(proj.device))
+                            HD=hd, ROT=rot, L=length, num_warps=4,
+                            **cuda_launch.flags_early(proj.device, link=True))
     m = torch.empty(rows, nh, parts, dtype=torch.float32, device=proj.device)
     lsum = torch.empty(rows, nh, parts, dtype=torch.float32, device=proj.device)
     acc = torch.empty(rows, nh, parts, hd, dtype=torch.float32, device=proj.device)
     _attend[(rows, nh, parts)](q, kc, vc, pos, m, lsum, acc, hd ** -0.5, NH=nh, NKV=nkv, HD=hd, L=length,
-                               BLOCK_L=block_l, G=parts, num_warps=warps, **cuda_launch.flags_early(q.device))
+                               BLOCK_L=block_l, G=parts, num_warps=warps,
+                               **cuda_launch.flags_early(q.device, link=True))
     o = torch.empty(rows, nh * hd, dtype=proj.dtype, device=proj.device)
     _attend_merge[(rows, nh)](m, lsum, acc, proj, proj.stride(0), o, NH=nh, HD=hd, G=parts, num_warps=4,
                               **cuda_launch.flags_early(q.device))

@@ -176,5 +176,5 @@ def delta_steps(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tensor, 
     _delta_steps[(hv, triton.cdiv(dv, bv))](mixed, mixed.stride(0), ba, ba.stride(0), a_log_exp, dt_bias, state, out,
                                            tab, rows, HV=hv, REP=hv // hk, DK=dk, DV=dv, BV=bv, SCALE=dk ** -0.5,
                                            EPS=eps, SAVE=slot_table is not None, num_warps=warps,
-                                           **cuda_launch.flags_early(mixed.device))
+                                           **cuda_launch.flags_early(mixed.device, link=True))
     return out

@@ -19,11 +19,6 @@ captured, so a CUDA graph keeps what was set at its capture).
                      EARLY_LAUNCH the DRAM streams them while the kernels before run; their own
                      blocks and split, so their sums are ordered otherwise
 
-  TMA_PRODUCTS       the mixers' output products and the attention's input product run by
-                     verispec/ops/cuda_gemv_tma.py: weight tiles copied by the TMA into shared
-                     memory, the first ones requested before the wait (so, with EARLY_LAUNCH,
-                     while the kernels before still run); their own blocks and split
-
 `VERISPEC_FUSIONS_OFF=all` (or a comma-separated list of names) turns them off at import;
 `bench/cuda_bench.py --sections fusions` measures each against the forward without it.
 Three more were built, measured and dropped (docs/cuda.md, "Tried and dropped"): the gated
@@ -39,4 +34,3 @@ LOGITS_IN_PRODUCT = not _off & {"all", "LOGITS_IN_PRODUCT"}
 NORM_ROUTER = not _off & {"all", "NORM_ROUTER"}
 EARLY_LAUNCH = not _off & {"all", "EARLY_LAUNCH"}
 PRELOAD = not _off & {"all", "PRELOAD"}
-TMA_PRODUCTS = not _off & {"all", "TMA_PRODUCTS"}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import cuda_fusions, cuda_gemv_tma, cuda_launch
+from . import cuda_fusions, cuda_launch
 
 try:
     import triton
@@ -168,14 +168,8 @@ def blocks(k: int, n: int) -> tuple:
     return CONFIG.get((k, n), DEFAULT)
 
 
-def _by_tma(k: int, n: int) -> bool:
-    return cuda_fusions.TMA_PRODUCTS and (k, n) in cuda_gemv_tma.CONFIG
-
-
 def splits(k: int, n: int) -> bool:
     """Whether the product (K, N) runs split along K (so it has partials to hand over)."""
-    if _by_tma(k, n) and cuda_gemv_tma.splits(k, n):
-        return True
     cfg = blocks(k, n)
     return len(cfg) > 4 and cfg[4] > 1 and k % (cfg[4] * min(cfg[1], k)) == 0
 
@@ -213,9 +207,6 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, p
     the bits of the bf16 product followed by a conversion)."""
     rows, k = x.shape
     n = w.shape[0]
-    if (config is None and conv is None and out_dtype is None and _by_tma(k, n) and cuda_gemv_tma.fits(x, w)
-            and partials == cuda_gemv_tma.splits(k, n)):
-        return cuda_gemv_tma.linear_rows(x, w, partials=partials)
     cfg = cfg_given = config or blocks(k, n)
     bn, bk, nw, ns = cfg[:4]
     split = cfg[4] if len(cfg) > 4 else 1

@@ -52,10 +52,20 @@ def flags(device: torch.device) -> dict:
     return {"PDL": True, "launch_pdl": True} if _capable[idx] else {"PDL": False}
 
 
-def flags_early(device: torch.device) -> dict:
-    """flags() for a kernel taking EARLY (see enter): early when PDL is on and EARLY_LAUNCH is."""
+# Kernels that only lead to an early kernel (the recurrence before the gated norm, the attention's
+# first two before its merge) signal early too when LINKS is set. Off: each early kernel that waits
+# longer wakes later (bench/cuda_pdl_probe.py --sections wake: a dependent passed its wait 0.26 us
+# after its predecessor's end, 0.51 us when launched early, 0.77 and 1.79 us behind 1 and 3 more
+# early kernels), and a product launched when the kernel before its early one starts still
+# streams through that kernel.
+LINKS = False
+
+
+def flags_early(device: torch.device, link: bool = False) -> dict:
+    """flags() for a kernel taking EARLY (see enter): early when PDL is on and EARLY_LAUNCH is (for
+    a link, when LINKS is too)."""
     f = flags(device)
-    return {**f, "EARLY": f["PDL"] and cuda_fusions.EARLY_LAUNCH}
+    return {**f, "EARLY": f["PDL"] and cuda_fusions.EARLY_LAUNCH and (LINKS or not link)}
 
 
 if triton is not None:

@@ -104,7 +104,8 @@ def row_norm(x: torch.Tensor, mode: int, eps: float, weight: torch.Tensor | None
     w = weight.contiguous() if weight is not None else xc
     z = gate.contiguous() if gate is not None else xc
     _row_norm[(xc.numel() // n,)](xc, w, z, y, eps, N=n, BLOCK=triton.next_power_of_2(n), MODE=mode,
-                                  num_warps=WARPS["gated" if mode == GATED else "row"], **cuda_launch.flags_early(xc.device))
+                                  num_warps=WARPS["gated" if mode == GATED else "row"],
+                                  **cuda_launch.flags_early(xc.device, link=mode != GATED))
     return y
 
 
