@@ -18,8 +18,6 @@ arms interleaved within a round):
   fusions    the same (1, 3 and 4 rows), with every fusion of verispec/ops/cuda_fusions.py on and
              each one off (NORM_ROUTER sums the router's logits in another order: with it off the
              logits differ)
-  preload    the same (1, 3 and 4 rows): EARLY_LAUNCH (with and without its links) and PRELOAD in
-             combinations (PRELOAD_ARMS)
   shared_first  the same (1, 3 and 4 rows), with the shared expert's gate/up programs not waiting
              for the router, and with every program waiting
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
@@ -298,7 +296,7 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)
         restore()
 
 
-FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER", "EARLY_LAUNCH", "PRELOAD")
+FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER")
 
 
 def _launch_options():
@@ -308,7 +306,6 @@ def _launch_options():
 
     pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
-    preload_cfg, links = dict(cuda_gemv.PRELOAD_CONFIG), cuda_launch.LINKS
     shared_first = cuda_moe.SHARED_FIRST
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
 
@@ -316,9 +313,6 @@ def _launch_options():
         cuda_launch.enabled, cuda_deltanet.STEPS = pdl_on, steps
         cuda_gemv.CONFIG.clear()
         cuda_gemv.CONFIG.update(gemv_cfg)
-        cuda_gemv.PRELOAD_CONFIG.clear()
-        cuda_gemv.PRELOAD_CONFIG.update(preload_cfg)
-        cuda_launch.LINKS = links
         cuda_moe.CONFIG.update(moe_cfg)
         cuda_moe.SHARED_FIRST = shared_first
         cuda_norms.WARPS.update(warps)
@@ -355,33 +349,6 @@ def fusions(eng: Engine, rounds: int) -> None:
         return lambda: [setattr(cuda_fusions, f, f not in off) for f in FUSIONS]
     graph_arms(eng, rounds, "fusions", {"all_on": only_off(), **{f"{f.lower()}_off": only_off(f) for f in FUSIONS}},
                row_counts=(1, 3, 4))
-
-
-# the arms of the preload section: name -> (EARLY_LAUNCH, cuda_launch.LINKS, PRELOAD, {shape: PRELOAD config or
-# None (not preloaded)})
-PRELOAD_ARMS = {
-    "none": (False, False, False, {}),
-    "early_preload": (True, False, True, {}),
-    "early_preload_links": (True, True, True, {}),
-    "early": (True, False, False, {}),
-    "preload": (False, False, True, {}),
-    "early_preload_in": (True, False, True, {(4096, 2048): None})}
-
-
-def preload(eng: Engine, rounds: int) -> None:
-    """EARLY_LAUNCH (with and without its links, cuda_launch.LINKS) and PRELOAD
-    (verispec/ops/cuda_fusions.py) in the combinations of PRELOAD_ARMS, at 1, 3 and 4 rows.
-    EARLY_LAUNCH moves no bit; PRELOAD's products sum in another order."""
-    from verispec.ops import cuda_fusions, cuda_gemv, cuda_launch
-    base_pre = dict(cuda_gemv.PRELOAD_CONFIG)
-
-    def arm(early, links, pre, pre_cfg):
-        def set_():
-            cuda_fusions.EARLY_LAUNCH, cuda_launch.LINKS, cuda_fusions.PRELOAD = early, links, pre
-            cuda_gemv.PRELOAD_CONFIG.clear()
-            cuda_gemv.PRELOAD_CONFIG.update({k: v for k, v in {**base_pre, **pre_cfg}.items() if v is not None})
-        return set_
-    graph_arms(eng, rounds, "preload", {name: arm(*a) for name, a in PRELOAD_ARMS.items()}, row_counts=(1, 3, 4))
 
 
 # candidates for the expert kernels' blocks: the best of cuda_moe_sweep.py --wide, and gate/up's
@@ -546,7 +513,6 @@ def main() -> int:
              ("overhead", lambda: overhead(eng, ck, 4 * a.rounds + 4)),
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
-             ("preload", lambda: preload(eng, 4 * a.rounds + 4)),
              ("shared_first", lambda: shared_first(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),

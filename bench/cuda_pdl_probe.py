@@ -1,18 +1,20 @@
-"""How far a programmatic dependent launch (PDL) lets a product's weight loads run ahead, and
-what the preloading products (cuda_gemv.PRELOAD_CONFIG) cost on their own (issue 9).
+"""How far a programmatic dependent launch (PDL) lets a kernel run ahead of the kernels before
+it, and what a dependent launched early pays when it wakes (issue 9, eleventh session).
+
+A kernel is EARLY here when it signals its dependents before its own `griddepcontrol.wait`
+(the exact path's kernels signal after it, verispec/ops/cuda_launch.py):
 
   timeline  a graphed chain busy1 -> busy2 -> loader, each busy kernel one program spinning on
-            the global timer, the loader 256 programs each loading 64 KB of weights before its
-            wait; every program stamps the global timer at its start, when its loads are in
-            registers, after its wait and at its end. Arms: no kernel early, busy2 early, both
-            early (cuda_launch.enter): does the loader start while busy1 still runs?
+            the global timer, the loader 256 programs each loading 64 KB of weights into
+            registers before its wait; every program stamps the global timer at its start, when
+            its loads are in registers, after its wait and at its end. Arms: no kernel early,
+            busy2 early, both early: does the loader start while busy1 still runs?
   wake      how long after a kernel's end its dependent's programs pass their wait, launched
             after its wait (the default) or early, with 0-3 early kernels between
-  products  the exact product chained over 16 weight copies (more than L2 holds), one row: the
-            base blocks against each preload configuration, us per product
-  chains    per "layer" a recurrence-like kernel (256 programs spinning ~3 us), a norm-like one
-            (32 programs, ~1.3 us) and the output product (4096 -> 2048 partials), 40 layers over
-            16 weight copies: EARLY_LAUNCH and PRELOAD off / each / both, us per layer
+
+The session's other probes of this idea (the products preloading their weights before the wait,
+in registers and by TMA, alone and in a chain of spinning kernels) ran on code since removed;
+their raw results are bench/results/cuda_pdl_probe_run63..67.* (docs/cuda.md, eleventh session).
 
   python3 bench/cuda_pdl_probe.py --out $OUT
 """
@@ -37,13 +39,22 @@ except ImportError:
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from cuda_timing import capture, replay_us  # noqa: E402
+from cuda_timing import capture  # noqa: E402
 
-from verispec.ops import cuda_fusions, cuda_gemv, cuda_launch  # noqa: E402
+from verispec.ops import cuda_launch  # noqa: E402
 
 BF = torch.bfloat16
 
 if triton is not None:
+    @triton.jit
+    def _enter(PDL: tl.constexpr, EARLY: tl.constexpr):
+        if PDL:
+            if EARLY:
+                gdc_launch_dependents()
+            gdc_wait()
+            if not EARLY:
+                gdc_launch_dependents()
+
     @triton.jit
     def _now():
         return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
@@ -58,7 +69,7 @@ if triton is not None:
     @triton.jit
     def _busy(t_ptr, ns, PDL: tl.constexpr, EARLY: tl.constexpr):
         t0 = _now()
-        cuda_launch.enter(PDL, EARLY)
+        _enter(PDL, EARLY)
         t1 = _now()
         t = t1
         while t < t1 + ns:
@@ -86,16 +97,6 @@ if triton is not None:
         tl.store(t_ptr + p + 1, t1)
         tl.store(t_ptr + p + 2, t2)
         tl.store(t_ptr + p + 3, _now())
-
-    @triton.jit
-    def _spin(t_ptr, ns, PDL: tl.constexpr, EARLY: tl.constexpr):
-        cuda_launch.enter(PDL, EARLY)
-        t1 = _now()
-        t = t1
-        while t < t1 + ns:
-            t = _now()
-        if tl.program_id(0) == 0:
-            tl.store(t_ptr, t)
 
 
 def timeline(res: dict) -> None:
@@ -166,56 +167,10 @@ def wake(res: dict) -> None:
               f"after busy's last stamp", flush=True)
 
 
-def products(res: dict) -> None:
-    for (k, n), pre in sorted(cuda_gemv.PRELOAD_CONFIG.items()):
-        ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(BF) for _ in range(16)]
-        x = torch.randn(1, k, device="cuda").to(BF)
-        cands = {"base": cuda_gemv.CONFIG.get((k, n), cuda_gemv.DEFAULT), "preload": pre,
-                 "preload_kp0": pre[:5] + (0,)}
-        for name, cfg in cands.items():
-            split = len(cfg) > 4 and cfg[4] > 1
-            g = capture(lambda cfg=cfg, split=split: [cuda_gemv.linear_rows(x, ws[i % 16], config=cfg, partials=split)
-                                                      for i in range(40)])
-            us = statistics.median(replay_us(g) for _ in range(5)) / 40
-            mb = n * k * 2 / 1e6
-            res.setdefault("products", {})[f"{k}x{n} {name} {cfg}"] = us
-            print(f"[products] {k} -> {n} {name} {cfg}: {us:.2f} us ({mb / us:.2f} TB/s)", flush=True)
-
-
-def chains(res: dict) -> None:
-    k, n = 4096, 2048
-    ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(BF) for _ in range(16)]
-    x = torch.randn(1, k, device="cuda").to(BF)
-    ts = torch.zeros(1, dtype=torch.int64, device="cuda")
-    arms = {"none": (False, False), "early": (True, False), "preload": (False, True), "both": (True, True)}
-    kept = cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD
-    graphs = {}
-    try:
-        for name, (early, pre) in arms.items():
-            cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD = early, pre
-
-            def layer_chain():
-                fe = cuda_launch.flags_early(x.device)
-                for i in range(40):
-                    _spin[(256,)](ts, 3000, num_warps=2, **fe)
-                    _spin[(32,)](ts, 1300, num_warps=1, **fe)
-                    cuda_gemv.linear_rows(x, ws[i % 16], partials=cuda_gemv.splits(k, n))
-            graphs[name] = capture(layer_chain)
-        times = {name: [] for name in arms}
-        for _ in range(7):
-            for name in arms:
-                times[name].append(replay_us(graphs[name]) / 40)
-    finally:
-        cuda_fusions.EARLY_LAUNCH, cuda_fusions.PRELOAD = kept
-    res["chains"] = {name: statistics.median(v) for name, v in times.items()}
-    print("[chains] us per layer (spin 3 us, spin 1.3 us, out product): " +
-          "; ".join(f"{k} {v:.2f}" for k, v in res["chains"].items()), flush=True)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
-    p.add_argument("--sections", default="timeline,wake,products,chains")
+    p.add_argument("--sections", default="timeline,wake")
     a = p.parse_args()
     if not torch.cuda.is_available():
         print("cuda_pdl_probe: no CUDA GPU", file=sys.stderr)

@@ -30,15 +30,11 @@ def test_logits_stored_wide_equal_the_bf16_product_widened():
         cuda_gemv.linear_rows(_rand(16, 4096), _rand(2048, 4096), partials=True, out_dtype=torch.float32)
 
 
-FLAGS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER", "EARLY_LAUNCH", "PRELOAD")
-
-
 @pytest.fixture
 def fusions_restored():
-    kept = {f: getattr(cuda_fusions, f) for f in FLAGS}
+    kept = cuda_fusions.LOGITS_IN_PRODUCT, cuda_fusions.NORM_ROUTER
     yield
-    for f, v in kept.items():
-        setattr(cuda_fusions, f, v)
+    cuda_fusions.LOGITS_IN_PRODUCT, cuda_fusions.NORM_ROUTER = kept
 
 
 def test_model_with_fusions_equals_without(fusions_restored):
@@ -142,53 +138,3 @@ def test_model_rows_invariant_with_and_without_norm_router(fusions_restored):
             assert torch.equal(ones, many), (on, graphs)
             got.append(ones)
         assert torch.equal(got[0], got[1]), on
-
-
-@pytest.mark.parametrize("k,n", sorted(cuda_gemv.PRELOAD_CONFIG))
-def test_preloaded_products_rows_and_reference(k, n, fusions_restored):
-    """The mixers' products with part of each program's weights loaded before the wait
-    (cuda_gemv.PRELOAD_CONFIG) and without: every row count's rows equal the 16-row launch's bit
-    for bit, and the product is within bf16 rounding of torch's, summed partials included."""
-    w, x = _rand(n, k) * k ** -0.5, _rand(16, k)
-    ref = x.float() @ w.float().T
-    for on in (True, False):
-        cuda_fusions.PRELOAD = on
-        assert (cuda_gemv.blocks(k, n) == cuda_gemv.PRELOAD_CONFIG[(k, n)]) == on
-        split = cuda_gemv.splits(k, n)
-
-        def run(m):   # [SPLIT, m, n] partials, or [1, m, n]
-            if split:
-                return cuda_gemv.linear_rows(x[:m], w, partials=True)[:, :m]
-            return cuda_gemv.linear_rows(x[:m], w)[None]
-        full = run(16)
-        for m in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16):
-            assert torch.equal(run(m), full[:, :m]), (on, m)
-        got = full.float().sum(0)
-        assert (got - ref).norm() / ref.norm() < 1e-2, on
-
-
-def test_model_rows_with_early_launch_and_preload(fusions_restored):
-    """The real-shaped model with EARLY_LAUNCH (short chains and with its links) and PRELOAD on and
-    off: in each, a verify's rows equal decode rows bit for bit, eager and graphed alike;
-    EARLY_LAUNCH moves no bit (the same kernels, only their launch overlaps)."""
-    from verispec.ops import cuda_launch
-    ck = random_checkpoint(preset_config("qwen3.6-35b-a3b-shape", layers=4), seed=43, device="cuda")
-    ids = [5, 3, 5, 8, 9, 7]
-    got = {}
-    cases = [(True, False, True), (True, True, True), (False, False, True), (True, False, False),
-             (False, False, False)]
-    links = cuda_launch.LINKS
-    try:
-        for early, link, preload in cases:
-            cuda_fusions.EARLY_LAUNCH, cuda_launch.LINKS, cuda_fusions.PRELOAD = early, link, preload
-            for graphs in (False, True):
-                eng = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=graphs))
-                ones, many = _decode_and_verify(eng.model, ids)
-                assert torch.equal(ones, many), (early, link, preload, graphs)
-                got[early, link, preload, graphs] = ones
-    finally:
-        cuda_launch.LINKS = links
-    for early, link, preload in cases:
-        for graphs in (False, True):
-            assert torch.equal(got[early, link, preload, graphs], got[True, False, preload, False]), \
-                (early, link, preload, graphs)

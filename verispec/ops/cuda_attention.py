@@ -24,6 +24,7 @@ from . import cuda_launch
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -33,8 +34,10 @@ ATTEND = (16, 16, 2)   # (positions per block, programs per head, warps); bench/
 if triton is not None:
     @triton.jit
     def _prep(proj_ptr, proj_stride, qn_ptr, kn_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, eps,
-              NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, ROT: tl.constexpr, L: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr = False):
-        cuda_launch.enter(PDL, EARLY)   # nothing is touched before the previous kernel is done
+              NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, ROT: tl.constexpr, L: tl.constexpr, PDL: tl.constexpr):
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         r = tl.program_id(0)
         j = tl.program_id(1)                  # 0..NH-1: q heads; NH..NH+NKV-1: kv heads
         is_q = j < NH
@@ -66,10 +69,12 @@ if triton is not None:
 
     @triton.jit
     def _attend(q_ptr, kc_ptr, vc_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, scale, NH: tl.constexpr, NKV: tl.constexpr,
-                HD: tl.constexpr, L: tl.constexpr, BLOCK_L: tl.constexpr, G: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr = False):
+                HD: tl.constexpr, L: tl.constexpr, BLOCK_L: tl.constexpr, G: tl.constexpr, PDL: tl.constexpr):
         """Program (r, h, g): the cache blocks g, g + G, g + 2G, ... up to row r's position, with
         an online softmax in fp32; writes its running max, sum and weighted values."""
-        cuda_launch.enter(PDL, EARLY)   # nothing is touched before the previous kernel is done
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         r = tl.program_id(0)
         h = tl.program_id(1)
         g = tl.program_id(2)
@@ -100,11 +105,13 @@ if triton is not None:
 
     @triton.jit
     def _attend_merge(m_ptr, l_ptr, acc_ptr, proj_ptr, proj_stride, o_ptr, NH: tl.constexpr, HD: tl.constexpr,
-                      G: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr = False):
+                      G: tl.constexpr, PDL: tl.constexpr):
         """Program (r, h): the G partial softmaxes of `_attend` merged in g order, then o *
         sigmoid(gate), rounded as torch rounds the attention output, the sigmoid and their
         product. A part that saw no position (m = -inf, l = 0) adds nothing."""
-        cuda_launch.enter(PDL, EARLY)   # nothing is touched before the previous kernel is done
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         r = tl.program_id(0)
         h = tl.program_id(1)
         d = tl.arange(0, HD)
@@ -144,15 +151,13 @@ def gated_attention(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
         raise ValueError("gated_attention needs unit-stride projections and contiguous caches")
     q = torch.empty(rows, nh, hd, dtype=proj.dtype, device=proj.device)
     _prep[(rows, nh + nkv)](proj, proj.stride(0), q_norm, k_norm, cos, sin, pos, q, kc, vc, eps, NH=nh, NKV=nkv,
-                            HD=hd, ROT=rot, L=length, num_warps=4,
-                            **cuda_launch.flags_early(proj.device, link=True))
+                            HD=hd, ROT=rot, L=length, num_warps=4, **cuda_launch.flags(proj.device))
     m = torch.empty(rows, nh, parts, dtype=torch.float32, device=proj.device)
     lsum = torch.empty(rows, nh, parts, dtype=torch.float32, device=proj.device)
     acc = torch.empty(rows, nh, parts, hd, dtype=torch.float32, device=proj.device)
     _attend[(rows, nh, parts)](q, kc, vc, pos, m, lsum, acc, hd ** -0.5, NH=nh, NKV=nkv, HD=hd, L=length,
-                               BLOCK_L=block_l, G=parts, num_warps=warps,
-                               **cuda_launch.flags_early(q.device, link=True))
+                               BLOCK_L=block_l, G=parts, num_warps=warps, **cuda_launch.flags(q.device))
     o = torch.empty(rows, nh * hd, dtype=proj.dtype, device=proj.device)
     _attend_merge[(rows, nh)](m, lsum, acc, proj, proj.stride(0), o, NH=nh, HD=hd, G=parts, num_warps=4,
-                              **cuda_launch.flags_early(q.device))
+                              **cuda_launch.flags(q.device))
     return o

@@ -9,16 +9,6 @@ captured, so a CUDA graph keeps what was set at its capture).
                      one launch (verispec/ops/cuda_norm_router.py): one launch fewer per layer;
                      the router's logits summed in another order than the product's
 
-  EARLY_LAUNCH       the latency-bound kernels before a product (the recurrence, the norms,
-                     the attention's three, the MoE's combine) let the next kernel launch at
-                     their start instead of after their wait (verispec/ops/cuda_launch.py), so
-                     the product's programs are resident while they run; the same bits
-
-  PRELOAD            the mixers' input and output products load the first part of each
-                     program's weights before their wait (cuda_gemv.PRELOAD_CONFIG), so with
-                     EARLY_LAUNCH the DRAM streams them while the kernels before run; their own
-                     blocks and split, so their sums are ordered otherwise
-
 `VERISPEC_FUSIONS_OFF=all` (or a comma-separated list of names) turns them off at import;
 `bench/cuda_bench.py --sections fusions` measures each against the forward without it.
 Three more were built, measured and dropped (docs/cuda.md, "Tried and dropped"): the gated
@@ -32,5 +22,3 @@ import os
 _off = set(os.environ.get("VERISPEC_FUSIONS_OFF", "").split(","))   # names, or "all"
 LOGITS_IN_PRODUCT = not _off & {"all", "LOGITS_IN_PRODUCT"}
 NORM_ROUTER = not _off & {"all", "NORM_ROUTER"}
-EARLY_LAUNCH = not _off & {"all", "EARLY_LAUNCH"}
-PRELOAD = not _off & {"all", "PRELOAD"}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import cuda_fusions, cuda_launch
+from . import cuda_launch
 
 try:
     import triton
@@ -46,15 +46,16 @@ if triton is not None:
     def _gemv_rows(x_ptr, w_ptr, out_ptr, R, N, x_stride, ring_ptr, cw_ptr, tab_ptr, C, K: tl.constexpr,
                    ROWS_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                    CONV: tl.constexpr, KC: tl.constexpr, SAVE: tl.constexpr, ROUND: tl.constexpr,
-                   PDL: tl.constexpr, KP: tl.constexpr = 0):
+                   PDL: tl.constexpr):
         """Program (nb, s): output columns block nb over the s-th of SPLIT chunks of K. SPLIT 1:
         out is y [R, N]; else out is the fp32 partials [SPLIT, ROWS_P, N] for _split_sum.
         CONV (SPLIT 1): columns below C are the DeltaNet's conv channels; their rows go through
         the causal conv, row after row, in this program (see _conv_epilogue). ROUND: y is
         rounded to x's dtype before it is stored in out's (fp32 logits equal to the bf16
-        product's, widened). KP > 0: the first KP of the chunk's K columns of the weight tile
-        are loaded before the wait (weights are never written) and multiplied in one dot
-        after it; the loop does the rest."""
+        product's, widened)."""
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
         nb = tl.program_id(0)
         sp = tl.program_id(1)
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -62,17 +63,8 @@ if triton is not None:
         n_ok = offs_n < N
         r_ok = offs_r < R
         w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
-        if KP > 0:   # in flight while the kernels before this one finish (cuda_launch.py: EARLY)
-            offs_p = sp * (K // SPLIT) + tl.arange(0, KP)
-            w_pre = tl.load(w_rows + offs_p[None, :], mask=n_ok[:, None], other=0.0)   # [BLOCK_N, KP]
-        if PDL:   # verispec/ops/cuda_launch.py: nothing the previous kernels write is touched before they are done
-            gdc_wait()
-            gdc_launch_dependents()
         acc = tl.zeros([ROWS_P, BLOCK_N], dtype=tl.float32)
-        if KP > 0:
-            x_pre = tl.load(x_ptr + offs_r[:, None] * x_stride + offs_p[None, :], mask=r_ok[:, None], other=0.0)
-            acc = tl.dot(x_pre, tl.trans(w_pre), acc)
-        for k0 in range(KP, K // SPLIT, BLOCK_K):
+        for k0 in range(0, K // SPLIT, BLOCK_K):
             offs_k = sp * (K // SPLIT) + k0 + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + offs_r[:, None] * x_stride + offs_k[None, :], mask=r_ok[:, None], other=0.0)
             w = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None], other=0.0)
@@ -152,25 +144,9 @@ CONFIG: dict[tuple[int, int], tuple] = {
     (2048, 264): (16, 256, 4, 4, 8)}
 
 
-# With cuda_fusions.PRELOAD: (K, N) -> (BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT, KP), KP
-# the K columns of a program's chunk loaded before its wait (a power of two; the rest a
-# multiple of BLOCK_K). The mixers' products: the output products follow latency-bound
-# kernels that launch them early (cuda_launch.py, EARLY), the input products the MoE's combine.
-PRELOAD_CONFIG: dict[tuple[int, int], tuple] = {
-    (4096, 2048): (32, 128, 4, 4, 8, 512), (2048, 12352): (32, 128, 4, 4, 1, 256),
-    (2048, 9216): (32, 128, 4, 4, 1, 256)}
-
-
-def blocks(k: int, n: int) -> tuple:
-    """The product (K, N)'s blocks as the forward runs it now (PRELOAD_CONFIG with PRELOAD)."""
-    if cuda_fusions.PRELOAD and (k, n) in PRELOAD_CONFIG:
-        return PRELOAD_CONFIG[(k, n)]
-    return CONFIG.get((k, n), DEFAULT)
-
-
 def splits(k: int, n: int) -> bool:
     """Whether the product (K, N) runs split along K (so it has partials to hand over)."""
-    cfg = blocks(k, n)
+    cfg = CONFIG.get((k, n), DEFAULT)
     return len(cfg) > 4 and cfg[4] > 1 and k % (cfg[4] * min(cfg[1], k)) == 0
 
 
@@ -193,7 +169,7 @@ class ConvEpilogue:
 def conv_fits(w: torch.Tensor, conv_channels: int, kernel: int) -> bool:
     """Whether the product with w [N, K] can carry the conv of its first conv_channels outputs."""
     k, n = w.shape[1], w.shape[0]
-    cfg = blocks(k, n)
+    cfg = CONFIG.get((k, n), DEFAULT)
     return kernel == 4 and (len(cfg) < 5 or cfg[4] == 1) and conv_channels % cfg[0] == 0
 
 
@@ -207,17 +183,14 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, p
     the bits of the bf16 product followed by a conversion)."""
     rows, k = x.shape
     n = w.shape[0]
-    cfg = cfg_given = config or blocks(k, n)
+    cfg = config or CONFIG.get((k, n), DEFAULT)
     bn, bk, nw, ns = cfg[:4]
     split = cfg[4] if len(cfg) > 4 else 1
-    kp = cfg[5] if len(cfg) > 5 else 0
     bk = min(bk, k)
     while k % bk:            # the K loop has no mask: blocks must tile K (k % 64 == 0, see usable)
         bk //= 2
     if k % (split * bk):
         split = 1
-    if kp and (kp & (kp - 1) or kp > k // split or (k // split - kp) % bk):
-        raise ValueError(f"preload {kp} does not fit the product ({k}, {n}) as {cfg_given}")
     if partials and split == 1:
         raise ValueError(f"partials need a split-K configuration; ({k}, {n}) has none")
     if conv is not None and (split != 1 or conv.ring.shape[0] % bn or conv.weight.shape[1] != 4
@@ -234,8 +207,8 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, p
         cargs, save = (conv.ring, conv.weight, tab, conv.ring.shape[0]), conv.slots is not None
     _gemv_rows[(triton.cdiv(n, bn), split)](x, w, out, rows, n, x.stride(0), *cargs, K=k, ROWS_P=ROWS, BLOCK_N=bn,
                                             BLOCK_K=bk, SPLIT=split, CONV=conv is not None, KC=4, SAVE=save,
-                                            ROUND=out_dtype is not None and out_dtype != x.dtype, KP=kp,
-                                            num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
+                                            ROUND=out_dtype is not None and out_dtype != x.dtype, num_warps=nw,
+                                            num_stages=ns, **cuda_launch.flags(x.device))
     if partials:
         return out
     if split > 1:
