@@ -14,7 +14,7 @@ A kernel is EARLY here when it signals its dependents before its own `griddepcon
 
 The session's other probes of this idea (the products preloading their weights before the wait,
 in registers and by TMA, alone and in a chain of spinning kernels) ran on code since removed;
-their raw results are bench/results/cuda_pdl_probe_run63..67.* (docs/cuda.md, eleventh session).
+their raw results are bench/results/cuda_pdl_probe_run63-66.* (docs/cuda.md, eleventh session).
 
   python3 bench/cuda_pdl_probe.py --out $OUT
 """
@@ -74,7 +74,7 @@ if triton is not None:
         t = t1
         while t < t1 + ns:
             t = _now()
-        p = tl.program_id(0) * 4
+        p = tl.program_id(0) * 4      # the loader's four stamps; nothing to load: start twice
         tl.store(t_ptr + p, t0)
         tl.store(t_ptr + p + 1, t0)
         tl.store(t_ptr + p + 2, t1)
@@ -101,7 +101,7 @@ if triton is not None:
 
 def timeline(res: dict) -> None:
     f = cuda_launch.flags(torch.device("cuda"))
-    pdl = f["PDL"]
+    pdl, extra = f["PDL"], {k: v for k, v in f.items() if k != "PDL"}
     g_load, bn, kp = 256, 32, 1024
     w = (torch.randn(g_load * bn * kp, device="cuda") * 0.01).to(BF)
     out = torch.empty(g_load, device="cuda")
@@ -110,8 +110,8 @@ def timeline(res: dict) -> None:
     for name, e1, e2 in (("none", False, False), ("busy2_early", False, True), ("both_early", True, True)):
         def chain():
             flush.zero_()                 # the weights out of L2 (a non-PDL kernel before the chain)
-            _busy[(1,)](t1, 5000, PDL=pdl, EARLY=e1 and pdl, **{k: v for k, v in f.items() if k != "PDL"})
-            _busy[(1,)](t2, 2000, PDL=pdl, EARLY=e2 and pdl, **{k: v for k, v in f.items() if k != "PDL"})
+            _busy[(1,)](t1, 5000, PDL=pdl, EARLY=e1 and pdl, **extra)
+            _busy[(1,)](t2, 2000, PDL=pdl, EARLY=e2 and pdl, **extra)
             _loader[(g_load,)](w, out, t3, KP=kp, BN=bn, num_warps=4, **f)
         g = capture(chain)
         rows = []
@@ -172,11 +172,15 @@ def main() -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     p.add_argument("--sections", default="timeline,wake")
     a = p.parse_args()
+    sections = a.sections.split(",")
+    unknown = set(sections) - {"timeline", "wake"}
+    if unknown:
+        p.error(f"unknown sections: {', '.join(sorted(unknown))} (timeline, wake)")
     if not torch.cuda.is_available():
         print("cuda_pdl_probe: no CUDA GPU", file=sys.stderr)
         return 2
     res: dict = {"device": torch.cuda.get_device_name()}
-    for name in a.sections.split(","):
+    for name in sections:
         globals()[name](res)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "cuda_pdl_probe.json").write_text(json.dumps(res, indent=1) + "\n")

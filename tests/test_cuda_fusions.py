@@ -46,11 +46,7 @@ def test_model_with_fusions_equals_without(fusions_restored):
     out = {}
     for on in (True, False):
         cuda_fusions.LOGITS_IN_PRODUCT = on
-        st1, stn = eng.model.new_state(64), eng.model.new_state(64)
-        eng.model.forward(REPEAT_PROMPT, st1)
-        eng.model.forward(REPEAT_PROMPT, stn)
-        ones = torch.cat([eng.model.forward([t], st1).logits for t in ids])
-        many = eng.model.forward(ids, stn).logits
+        ones, many = _decode_and_verify(eng.model, ids)
         assert torch.equal(ones, many), on
         out[on] = (ones, many)
     assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][1], out[False][1])
