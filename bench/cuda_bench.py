@@ -20,6 +20,9 @@ arms interleaved within a round):
              logits differ)
   shared_first  the same (1, 3 and 4 rows), with the shared expert's gate/up programs not waiting
              for the router, and with every program waiting
+  moe_tail   the same (1, 3 and 4 rows), the MoE after its router as one persistent launch
+             (cuda_fusions.MOE_TAIL) against the three Triton launches; then each alone, every
+             layer's MoE tail in one graph
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -296,7 +299,7 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)
         restore()
 
 
-FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER")
+FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER", "MOE_TAIL")
 
 
 def _launch_options():
@@ -330,6 +333,57 @@ def shared_first(eng: Engine, rounds: int) -> None:
     graph_arms(eng, rounds, "shared_first", {"all_wait": lambda: setattr(cuda_moe, "SHARED_FIRST", False),
                                              "shared_first": lambda: setattr(cuda_moe, "SHARED_FIRST", True)},
                row_counts=(1, 3, 4))
+
+
+def moe_tail(eng: Engine, rounds: int) -> None:
+    """The persistent MoE tail (verispec/ops/cuda_moe_tail.py) against the Triton launches, in the
+    graphed forward and alone (every layer's tail after random routing, one graph per arm)."""
+    from verispec.ops import cuda_fusions, cuda_moe
+
+    graph_arms(eng, rounds, "moe_tail", {"triton": lambda: setattr(cuda_fusions, "MOE_TAIL", False),
+                                         "tail": lambda: setattr(cuda_fusions, "MOE_TAIL", True)},
+               row_counts=(1, 3, 4))
+    if DEVICE != "cuda":
+        return
+    layers = [la.mlp for la in eng.model.layers if hasattr(la.mlp, "gu_all")]
+    kept = cuda_fusions.MOE_TAIL
+    out = {}
+    try:
+        for rows in (1, 4):
+            torch.manual_seed(rows)
+            h = layers[0].gu_all.shape[2]
+            calls = []
+            for m in layers:
+                e, si = m.n_experts, m.shared_inter
+                logits = (torch.randn(rows, 264, device="cuda") * 2).to(torch.bfloat16)
+                w, i = cuda_moe.route_shared(logits, rows, e, m.top_k, m.norm_topk)
+                x = torch.randn(rows, h, device="cuda").to(torch.bfloat16)
+                calls.append((x, w, i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si], m.shared_down, x.clone(),
+                              torch.zeros(h, device="cuda", dtype=torch.bfloat16), 1e-6))
+            graphs = {}
+            for name, on in (("triton", False), ("tail", True)):
+                cuda_fusions.MOE_TAIL = on
+                for c in calls:
+                    cuda_moe.experts_add_norm(*c)
+                _sync()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    for c in calls:
+                        cuda_moe.experts_add_norm(*c)
+                graphs[name] = g
+            times = {k: [] for k in graphs}
+            for r in range(-2, 4 * rounds):
+                for k, g in graphs.items():
+                    t = sync_time(g.replay)
+                    if r >= 0:
+                        times[k].append(t / len(calls))
+            med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+            out[rows] = {"us_per_layer": med, "times": times}
+            log(f"[moe_tail] alone, rows {rows}: " + "; ".join(
+                f"{k} {med[k]:.2f} us [{min(times[k]) * 1e6:.2f}-{max(times[k]) * 1e6:.2f}]" for k in med))
+    finally:
+        cuda_fusions.MOE_TAIL = kept
+    RESULTS["moe_tail_alone"] = out
 
 
 def pdl(eng: Engine, rounds: int) -> None:
@@ -514,6 +568,7 @@ def main() -> int:
              ("pdl", lambda: pdl(eng, 4 * a.rounds + 4)),
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
              ("shared_first", lambda: shared_first(eng, 4 * a.rounds + 4)),
+             ("moe_tail", lambda: moe_tail(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),

@@ -32,9 +32,9 @@ def test_logits_stored_wide_equal_the_bf16_product_widened():
 
 @pytest.fixture
 def fusions_restored():
-    kept = cuda_fusions.LOGITS_IN_PRODUCT, cuda_fusions.NORM_ROUTER
+    kept = cuda_fusions.LOGITS_IN_PRODUCT, cuda_fusions.NORM_ROUTER, cuda_fusions.MOE_TAIL
     yield
-    cuda_fusions.LOGITS_IN_PRODUCT, cuda_fusions.NORM_ROUTER = kept
+    cuda_fusions.LOGITS_IN_PRODUCT, cuda_fusions.NORM_ROUTER, cuda_fusions.MOE_TAIL = kept
 
 
 def test_model_with_fusions_equals_without(fusions_restored):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cuda_launch
+from . import cuda_fusions, cuda_launch, cuda_moe_tail
 import torch.nn.functional as F
 
 try:  # triton ships with CUDA builds of torch; the CPU machine does not have it
@@ -352,6 +352,10 @@ def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, 
     h = gu_all.shape[2]
     if shared_gu.shape != gu_all.shape[1:] or shared_down.shape != down_all.shape[1:]:
         raise ValueError("the shared expert's widths must equal the routed experts'")
+    if cuda_fusions.MOE_TAIL and cuda_moe_tail.fits(x, top_w, top_i, gu_all, down_all, shared_gu, shared_down,
+                                                     resid, norm_w):
+        return cuda_moe_tail.experts_add_norm(x, top_w, top_i, gu_all, down_all, shared_gu, shared_down, resid,
+                                              norm_w, eps)
     x = x.contiguous()
     y = _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down)
     s, out = torch.empty(rows, h, dtype=x.dtype, device=x.device), torch.empty(rows, h, dtype=x.dtype, device=x.device)
