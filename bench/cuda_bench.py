@@ -335,20 +335,31 @@ def shared_first(eng: Engine, rounds: int) -> None:
                row_counts=(1, 3, 4))
 
 
-def moe_tail(eng: Engine, rounds: int) -> None:
-    """The persistent MoE tail (verispec/ops/cuda_moe_tail.py) against the Triton launches, in the
-    graphed forward and alone (every layer's tail after random routing, one graph per arm)."""
-    from verispec.ops import cuda_fusions, cuda_moe
+# the persistent MoE tail's ring: (slot bytes, slots) per arm
+TAIL_ARMS = {"tail": (16384, 12), "tail_8k24": (8192, 24), "tail_16k13": (16384, 13)}
 
-    graph_arms(eng, rounds, "moe_tail", {"triton": lambda: setattr(cuda_fusions, "MOE_TAIL", False),
-                                         "tail": lambda: setattr(cuda_fusions, "MOE_TAIL", True)},
-               row_counts=(1, 3, 4))
-    if DEVICE != "cuda":
-        return
-    layers = [la.mlp for la in eng.model.layers if hasattr(la.mlp, "gu_all")]
-    kept = cuda_fusions.MOE_TAIL
-    out = {}
+
+def moe_tail(eng: Engine, rounds: int) -> None:
+    """The persistent MoE tail (verispec/ops/cuda_moe_tail.py), with each ring of TAIL_ARMS, against
+    the Triton launches: in the graphed forward (1, 3, 4 rows) and alone (every layer's tail after
+    random routing, one graph per arm)."""
+    from verispec.ops import cuda_fusions, cuda_moe, cuda_moe_tail
+
+    kept = cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.STAGES
+
+    def arm(ring):
+        def setup():
+            cuda_fusions.MOE_TAIL = ring is not None
+            if ring is not None:
+                cuda_moe_tail.SLOT, cuda_moe_tail.STAGES = ring
+        return setup
+    arms = {"triton": arm(None), **{k: arm(v) for k, v in TAIL_ARMS.items()}}
     try:
+        graph_arms(eng, rounds, "moe_tail", arms, row_counts=(1, 3, 4))
+        if DEVICE != "cuda":
+            return
+        layers = [la.mlp for la in eng.model.layers if hasattr(la.mlp, "gu_all")]
+        out = {}
         for rows in (1, 4):
             torch.manual_seed(rows)
             h = layers[0].gu_all.shape[2]
@@ -361,8 +372,8 @@ def moe_tail(eng: Engine, rounds: int) -> None:
                 calls.append((x, w, i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si], m.shared_down, x.clone(),
                               torch.zeros(h, device="cuda", dtype=torch.bfloat16), 1e-6))
             graphs = {}
-            for name, on in (("triton", False), ("tail", True)):
-                cuda_fusions.MOE_TAIL = on
+            for name, setup in arms.items():
+                setup()
                 for c in calls:
                     cuda_moe.experts_add_norm(*c)
                 _sync()
@@ -379,11 +390,11 @@ def moe_tail(eng: Engine, rounds: int) -> None:
                         times[k].append(t / len(calls))
             med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
             out[rows] = {"us_per_layer": med, "times": times}
-            log(f"[moe_tail] alone, rows {rows}: " + "; ".join(
+            log(f"[moe_tail] alone, rows {rows}, per layer: " + "; ".join(
                 f"{k} {med[k]:.2f} us [{min(times[k]) * 1e6:.2f}-{max(times[k]) * 1e6:.2f}]" for k in med))
+        RESULTS["moe_tail_alone"] = out
     finally:
-        cuda_fusions.MOE_TAIL = kept
-    RESULTS["moe_tail_alone"] = out
+        cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.STAGES = kept
 
 
 def pdl(eng: Engine, rounds: int) -> None:

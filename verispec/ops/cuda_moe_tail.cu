@@ -4,47 +4,50 @@
 // Why one launch: each of those kernels pays a ramp to the copy rate and a drain at its end,
 // and the down weights can only be fetched once the gate/up kernel is done. Here one CTA per
 // SM streams its share of every weight the MoE reads, gate/up then down, through a ring of
-// STAGES shared-memory slots filled by bulk async copies (cp.async.bulk, the copy engine), so
-// each SM keeps STAGES * SLOT bytes in flight whatever the number of pairs, and the down
-// weights arrive while the gate/up work and the grid barrier between the phases run. The
-// shared expert's gate/up units are requested before griddepcontrol.wait: weights never
-// change, and its id is fixed (slot TOPK of every row, id NE).
+// STAGES shared-memory slots filled by bulk async copies (cp.async.bulk, the copy engine): a
+// producer warp issues them as slots come free, so each SM keeps up to STAGES * SLOT bytes in
+// flight whatever the number of pairs, and the down weights arrive while the gate/up work and
+// the grid barrier between the phases run. WARPS consumer warps each take whole units (unit i
+// by warp i % WARPS), so no unit waits on a block-wide barrier. The shared expert's gate/up
+// units are requested before griddepcontrol.wait: weights never change, and its id is fixed
+// (slot TOPK of every row, id NE).
 //
 // Exactness: a unit (one pair's GU_ROWS gate and up rows, or DN_ROWS down rows) is computed
-// by one CTA in one fixed order (each lane's elements in order, a fixed butterfly across the
-// warp, the warps in order), the same code whichever CTA takes it and however many rows came,
-// so a row's bits depend on its own inputs alone. Which CTA takes a unit does change with R;
-// nothing in the arithmetic does.
+// by one warp in one fixed order (each lane's elements in order, then a fixed butterfly across
+// the warp), the same code whichever CTA and warp take it and however many rows came, so a
+// row's bits depend on its own inputs alone. Which CTA takes a unit changes with R; nothing in
+// the arithmetic does.
 //
 // Memory: x, resid and the weights were written before the router's launch (read through the
 // read-only cache); top_i and top_w are the router's (this kernel may start while it runs, so
 // they are read at L2 after griddepcontrol.wait); act and y are written by other CTAs of this
-// launch (stored and read at L2, ordered by the grid barrier).
+// launch (stored and read at L2, ordered by the grid barrier). Nothing is written before the
+// wait (the outputs may reuse memory the kernels before still read).
 //
 // Compiled at run time by NVRTC (cuda_moe_tail.py) with -D for HD (hidden), ID (expert width),
-// TOPK (routed slots), NE (experts; id NE is the shared expert), STAGES and SLOT (bytes).
+// TOPK (routed slots), NE (experts; id NE is the shared expert), STAGES, SLOT (bytes), EXTRA
+// (bytes after the ring) and WARPS (consumer warps).
 // No headers: bf16 is handled as its bits.
 
 typedef unsigned short bf16;
 typedef unsigned long long u64;
 
-constexpr int THREADS = 256;
-constexpr int WARPS = THREADS / 32;
+// WARPS consumer warps; one more produces
+constexpr int THREADS = 32 * (WARPS + 1);
+constexpr int CONSUMERS = 32 * WARPS;
 constexpr int S = TOPK + 1;                          // slots per row: the routed, then the shared
+constexpr int MAX_PAIRS = 16 * S;                    // R <= 16 (the exact path's row slots)
 constexpr int GU_ROWS = SLOT / (4 * HD);             // gate rows (and as many up rows) per A unit
 constexpr int UA = ID / GU_ROWS;                     // A units per pair
 constexpr int DN_ROWS = SLOT / (2 * ID);             // down rows per B unit
 constexpr int UB = HD / DN_ROWS;                     // B units per pair
-constexpr int A_WPR = WARPS / (2 * GU_ROWS);         // warps per weight row in an A unit
-constexpr int A_SPAN = HD / A_WPR;                   // a warp's elements of that row
-constexpr int A_VEC = A_SPAN / 256;                  // 8-element loads per lane
-constexpr int B_RPW = DN_ROWS / WARPS;               // down rows per warp
+constexpr int A_VEC = HD / 256;                      // 8-element loads per lane per weight row
 constexpr int B_VEC = ID / 256;
-constexpr int C_EPT = HD / THREADS;                  // combine: elements per thread
-static_assert(GU_ROWS >= 1 && ID % GU_ROWS == 0 && A_WPR >= 1 && WARPS % (2 * GU_ROWS) == 0, "A units");
-static_assert(HD % (A_WPR * 256) == 0 && A_VEC >= 1, "A spans");
-static_assert(DN_ROWS >= WARPS && DN_ROWS % WARPS == 0 && HD % DN_ROWS == 0 && ID % 256 == 0, "B units");
+constexpr int C_EPT = HD / CONSUMERS;                // combine: elements per thread
+static_assert(GU_ROWS >= 1 && ID % GU_ROWS == 0 && HD % 256 == 0, "A units");
+static_assert(DN_ROWS >= 1 && DN_ROWS <= 32 && HD % DN_ROWS == 0 && ID % 256 == 0, "B units");
 static_assert(C_EPT == 8, "the combine reads 8 contiguous elements a thread");
+static_assert(2 * STAGES * 8 + 4 * WARPS + 4 * MAX_PAIRS <= EXTRA, "the shared memory after the ring");
 
 __device__ __forceinline__ float lo(unsigned v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float hi(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
@@ -85,6 +88,12 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  :: "r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(b)) : "memory");
 }
+__device__ __forceinline__ void mbar_arrive(u64* b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(b)) : "memory");
+}
+__device__ __forceinline__ void consumers_sync() {      // the consumer warps only (named barrier 1)
+    asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(u64* b, unsigned parity) {
     asm volatile("{\n\t.reg .pred p;\n"
                  "WAIT_%=:\n\t"
@@ -92,10 +101,10 @@ __device__ __forceinline__ void mbar_wait(u64* b, unsigned parity) {
                  "@!p bra WAIT_%=;\n}" :: "r"(saddr(b)), "r"(parity) : "memory");
 }
 
-// Every CTA of the grid past this point has finished what it wrote before (all CTAs are
-// resident: one per SM, grid = SM count). ctr counts arrivals; target = G, then 2G.
+// Every CTA of the grid past this point has finished what its consumers wrote before (all
+// CTAs are resident: one per SM, grid = SM count). ctr counts arrivals; target = G, then 2G.
 __device__ __forceinline__ void grid_sync(unsigned* ctr, unsigned target) {
-    __syncthreads();
+    consumers_sync();
     if (threadIdx.x == 0) {
         __threadfence();
         atomicAdd(ctr, 1u);
@@ -104,7 +113,7 @@ __device__ __forceinline__ void grid_sync(unsigned* ctr, unsigned target) {
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ctr) : "memory");
         } while (v < target);
     }
-    __syncthreads();
+    consumers_sync();
 }
 
 struct Unit { int pair, row, block; };
@@ -135,8 +144,10 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
 {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* ring = smem;
-    u64* mbar = reinterpret_cast<u64*>(smem + STAGES * SLOT);
-    float* part = reinterpret_cast<float*>(mbar + STAGES);          // [WARPS]
+    u64* full = reinterpret_cast<u64*>(smem + STAGES * SLOT);      // a slot's bytes have landed
+    u64* empty = full + STAGES;                                    // a slot's unit is done with
+    float* part = reinterpret_cast<float*>(empty + STAGES);        // [WARPS]
+    int* ids = reinterpret_cast<int*>(part + WARPS);               // [MAX_PAIRS]
     const int G = gridDim.x, c = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int P = R * S, NA = P * UA, NB = P * UB;
     const int nA = c < NA ? (NA - 1 - c) / G + 1 : 0;
@@ -144,159 +155,175 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
     const int T = nA + nB;
 
     if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) mbar_init(&mbar[s]);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s]);
+            mbar_init(&empty[s]);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
 
-    // thread 0 requests unit j into slot j % STAGES
-    auto issue = [&](int j) {
-        const int slot = j % STAGES;
-        unsigned char* dst = ring + slot * SLOT;
-        if (j < nA) {
-            const Unit u = a_unit(c + j * G, R);
-            const int e = (u.pair % S == TOPK) ? NE : __ldcg(top_i + u.pair);
-            const bf16* base = e == NE ? shared_gu : gu_all + (size_t)e * (2 * ID) * HD;
-            mbar_expect(&mbar[slot], SLOT);
-            bulk_copy(dst, base + (size_t)(u.block * GU_ROWS) * HD, SLOT / 2, &mbar[slot]);
-            bulk_copy(dst + SLOT / 2, base + (size_t)(ID + u.block * GU_ROWS) * HD, SLOT / 2, &mbar[slot]);
-        } else {
-            const Unit u = b_unit(c + (j - nA) * G);
-            const int e = (u.pair % S == TOPK) ? NE : __ldcg(top_i + u.pair);
-            const bf16* base = e == NE ? shared_down : down_all + (size_t)e * HD * ID;
-            mbar_expect(&mbar[slot], SLOT);
-            bulk_copy(dst, base + (size_t)(u.block * DN_ROWS) * ID, SLOT, &mbar[slot]);
-        }
-    };
-
-    int issued = 0;
-    if (tid == 0) {   // before the wait: only the shared expert's units (nothing the router writes)
-        while (issued < nA && issued < STAGES && c + issued * G < R * UA) issue(issued++);
-    }
-    if (pdl) {
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    }
-    if (tid == 0) {
-        while (issued < T && issued < STAGES) issue(issued++);
-    }
-
-    // gate/up + SwiGLU: act[pair, j] = silu(g_j . x_row) * (u_j . x_row)
-    for (int i = 0; i < nA; ++i) {
-        const int slot = i % STAGES;
-        const Unit u = a_unit(c + i * G, R);
-        mbar_wait(&mbar[slot], (i / STAGES) & 1);
-        const bf16* w = reinterpret_cast<const bf16*>(ring + slot * SLOT);
-        const int wr = warp / A_WPR, k0 = (warp % A_WPR) * A_SPAN;
-        float acc = 0.f;
-#pragma unroll
-        for (int v = 0; v < A_VEC; ++v) {
-            const int k = k0 + v * 256 + lane * 8;
-            const uint4 wv = *reinterpret_cast<const uint4*>(w + wr * HD + k);
-            const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + (size_t)u.row * HD + k));
-            acc = dot8(wv, xv, acc);
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) part[warp] = acc;
-        __syncthreads();
-        if (tid < GU_ROWS) {
-            float g = 0.f, up = 0.f;
-#pragma unroll
-            for (int h = 0; h < A_WPR; ++h) {
-                g += part[tid * A_WPR + h];
-                up += part[(GU_ROWS + tid) * A_WPR + h];
+    if (warp == WARPS) {          // the producer: unit j into slot j % STAGES, once its last unit is done
+        auto issue = [&](int j) {
+            const int slot = j % STAGES;
+            unsigned char* dst = ring + slot * SLOT;
+            if (j >= STAGES) mbar_wait(&empty[slot], ((j / STAGES) - 1) & 1);
+            if (j < nA) {
+                const Unit u = a_unit(c + j * G, R);
+                const int e = ids[u.pair];
+                const bf16* base = e == NE ? shared_gu : gu_all + (size_t)e * (2 * ID) * HD;
+                mbar_expect(&full[slot], SLOT);
+                bulk_copy(dst, base + (size_t)(u.block * GU_ROWS) * HD, SLOT / 2, &full[slot]);
+                bulk_copy(dst + SLOT / 2, base + (size_t)(ID + u.block * GU_ROWS) * HD, SLOT / 2, &full[slot]);
+            } else {
+                const Unit u = b_unit(c + (j - nA) * G);
+                const int e = ids[u.pair];
+                const bf16* base = e == NE ? shared_down : down_all + (size_t)e * HD * ID;
+                mbar_expect(&full[slot], SLOT);
+                bulk_copy(dst, base + (size_t)(u.block * DN_ROWS) * ID, SLOT, &full[slot]);
             }
-            act[(size_t)u.pair * ID + u.block * GU_ROWS + tid] = f2bf(g / (1.f + expf(-g)) * up);
+        };
+        for (int q = lane; q < P; q += 32)      // the shared slots' id is fixed: known before the wait
+            ids[q] = q % S == TOPK ? NE : -1;
+        __syncwarp();
+        int j = 0;
+        if (lane == 0) {          // before the wait: only the shared expert's units
+            while (j < nA && j < STAGES && c + j * G < R * UA) issue(j++);
         }
-        __syncthreads();
-        if (tid == 0 && issued < T) issue(issued++);
-    }
-    grid_sync(ctr, G);            // every pair's act written
-
-    // down: y[pair, n] = d_n . act[pair] (fp32)
-    for (int i = nA; i < T; ++i) {
-        const int slot = i % STAGES;
-        const Unit u = b_unit(c + (i - nA) * G);
-        mbar_wait(&mbar[slot], (i / STAGES) & 1);
-        const bf16* w = reinterpret_cast<const bf16*>(ring + slot * SLOT);
+        if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+        for (int q = lane; q < P; q += 32)
+            if (q % S != TOPK) ids[q] = __ldcg(top_i + q);
+        __syncwarp();
+        if (lane == 0) {
+            while (j < T) issue(j++);
+        }
+    } else {
+        if (pdl) {
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+            asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        }
+        // gate/up + SwiGLU: act[pair, j] = silu(g_j . x_row) * (u_j . x_row), a unit a warp
+        for (int i = warp; i < nA; i += WARPS) {
+            const int slot = i % STAGES;
+            const Unit u = a_unit(c + i * G, R);
+            uint4 xv[A_VEC];
 #pragma unroll
-        for (int q = 0; q < B_RPW; ++q) {
-            const int rr = warp * B_RPW + q;
-            float acc = 0.f;
+            for (int v = 0; v < A_VEC; ++v)
+                xv[v] = __ldg(reinterpret_cast<const uint4*>(x + (size_t)u.row * HD + v * 256 + lane * 8));
+            mbar_wait(&full[slot], (i / STAGES) & 1);
+            const bf16* w = reinterpret_cast<const bf16*>(ring + slot * SLOT);
+            float acc[2 * GU_ROWS];
 #pragma unroll
-            for (int v = 0; v < B_VEC; ++v) {
-                const int k = v * 256 + lane * 8;
-                const uint4 wv = *reinterpret_cast<const uint4*>(w + rr * ID + k);
-                const uint4 av = __ldcg(reinterpret_cast<const uint4*>(act + (size_t)u.pair * ID + k));
-                acc = dot8(wv, av, acc);
+            for (int rr = 0; rr < 2 * GU_ROWS; ++rr) {
+                acc[rr] = 0.f;
+#pragma unroll
+                for (int v = 0; v < A_VEC; ++v)
+                    acc[rr] = dot8(*reinterpret_cast<const uint4*>(w + rr * HD + v * 256 + lane * 8), xv[v], acc[rr]);
             }
-            acc = warp_sum(acc);
-            if (lane == 0) __stcg(y + (size_t)u.pair * HD + u.block * DN_ROWS + rr, acc);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[slot]);
+#pragma unroll
+            for (int rr = 0; rr < 2 * GU_ROWS; ++rr) acc[rr] = warp_sum(acc[rr]);
+            if (lane < GU_ROWS) {
+                float g = acc[0], up = acc[GU_ROWS];
+#pragma unroll
+                for (int rr = 1; rr < GU_ROWS; ++rr)
+                    if (lane == rr) { g = acc[rr]; up = acc[GU_ROWS + rr]; }
+                act[(size_t)u.pair * ID + u.block * GU_ROWS + lane] = f2bf(g / (1.f + expf(-g)) * up);
+            }
         }
-        __syncthreads();
-        if (tid == 0 && issued < T) issue(issued++);
-    }
-    grid_sync(ctr, 2 * G);        // every pair's y written
+        grid_sync(ctr, G);        // every pair's act written
 
-    // combine (CTA r for row r): the routed slots in slot order, the shared expert, the residual
-    // add and the norm, each rounding as cuda_moe._combine rounds
-    if (c < R) {
-        const int r = c, n0 = tid * C_EPT;
-        float tot[C_EPT];
+        // down: y[pair, n] = d_n . act[pair] (fp32), a unit a warp
+        for (int i = nA + warp; i < T; i += WARPS) {
+            const int slot = i % STAGES;
+            const Unit u = b_unit(c + (i - nA) * G);
+            uint4 av[B_VEC];
 #pragma unroll
-        for (int e = 0; e < C_EPT; ++e) tot[e] = 0.f;
-        for (int s = 0; s < TOPK; ++s) {
-            const float wt = __ldcg(top_w + r * S + s);
-            const float* ys = y + (size_t)(r * S + s) * HD + n0;
-            const float4 a = __ldcg(reinterpret_cast<const float4*>(ys));
-            const float4 b = __ldcg(reinterpret_cast<const float4*>(ys + 4));
-            tot[0] = fmaf(wt, a.x, tot[0]); tot[1] = fmaf(wt, a.y, tot[1]);
-            tot[2] = fmaf(wt, a.z, tot[2]); tot[3] = fmaf(wt, a.w, tot[3]);
-            tot[4] = fmaf(wt, b.x, tot[4]); tot[5] = fmaf(wt, b.y, tot[5]);
-            tot[6] = fmaf(wt, b.z, tot[6]); tot[7] = fmaf(wt, b.w, tot[7]);
+            for (int v = 0; v < B_VEC; ++v)
+                av[v] = __ldcg(reinterpret_cast<const uint4*>(act + (size_t)u.pair * ID + v * 256 + lane * 8));
+            mbar_wait(&full[slot], (i / STAGES) & 1);
+            const bf16* w = reinterpret_cast<const bf16*>(ring + slot * SLOT);
+            float acc[DN_ROWS];
+#pragma unroll
+            for (int rr = 0; rr < DN_ROWS; ++rr) {
+                acc[rr] = 0.f;
+#pragma unroll
+                for (int v = 0; v < B_VEC; ++v)
+                    acc[rr] = dot8(*reinterpret_cast<const uint4*>(w + rr * ID + v * 256 + lane * 8), av[v], acc[rr]);
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[slot]);
+            float mine = 0.f;
+#pragma unroll
+            for (int rr = 0; rr < DN_ROWS; ++rr) {
+                const float t = warp_sum(acc[rr]);
+                if (lane == rr) mine = t;
+            }
+            if (lane < DN_ROWS) __stcg(y + (size_t)u.pair * HD + u.block * DN_ROWS + lane, mine);
         }
-        const float sg = __ldcg(top_w + r * S + TOPK);
-        const float* ysh = y + (size_t)(r * S + TOPK) * HD + n0;
-        const float4 a = __ldcg(reinterpret_cast<const float4*>(ysh));
-        const float4 b = __ldcg(reinterpret_cast<const float4*>(ysh + 4));
-        const float shv[C_EPT] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        const uint4 rv = __ldg(reinterpret_cast<const uint4*>(resid + (size_t)r * HD + n0));
-        const uint4 nv = __ldg(reinterpret_cast<const uint4*>(norm_w + n0));
-        const float res[C_EPT] = {lo(rv.x), hi(rv.x), lo(rv.y), hi(rv.y), lo(rv.z), hi(rv.z), lo(rv.w), hi(rv.w)};
-        const float nw[C_EPT] = {lo(nv.x), hi(nv.x), lo(nv.y), hi(nv.y), lo(nv.z), hi(nv.z), lo(nv.w), hi(nv.w)};
-        float sm[C_EPT];
-        float ss = 0.f;
-#pragma unroll
-        for (int e = 0; e < C_EPT; ++e) {
-            const float ex = round_bf(sg * round_bf(shv[e]));
-            const float o = round_bf(round_bf(tot[e]) + ex);
-            sm[e] = round_bf(res[e] + o);
-            ss = fmaf(sm[e], sm[e], ss);
-        }
-        ss = warp_sum(ss);
-        if (lane == 0) part[warp] = ss;
-        __syncthreads();
-        float total = 0.f;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) total += part[w];
-        const float rs = rsqrtf(total / HD + eps);
-        unsigned sp[4], op[4];
-#pragma unroll
-        for (int e = 0; e < C_EPT; e += 2) {
-            sp[e / 2] = (unsigned)f2bf(sm[e]) | ((unsigned)f2bf(sm[e + 1]) << 16);
-            op[e / 2] = (unsigned)f2bf(sm[e] * rs * (1.f + nw[e]))
-                        | ((unsigned)f2bf(sm[e + 1] * rs * (1.f + nw[e + 1])) << 16);
-        }
-        *reinterpret_cast<uint4*>(s_out + (size_t)r * HD + n0) = make_uint4(sp[0], sp[1], sp[2], sp[3]);
-        *reinterpret_cast<uint4*>(out + (size_t)r * HD + n0) = make_uint4(op[0], op[1], op[2], op[3]);
-    }
+        grid_sync(ctr, 2 * G);    // every pair's y written
 
-    // the last CTA out puts the counter back for the next launch (every CTA is past both syncs)
-    if (tid == 0) {
-        if (atomicAdd(ctr + 1, 1u) == (unsigned)G - 1) {
-            ctr[0] = 0;
-            ctr[1] = 0;
-            __threadfence();
+        // combine (CTA r for row r): the routed slots in slot order, the shared expert, the
+        // residual add and the norm, each rounding as cuda_moe._combine rounds
+        if (c < R) {
+            const int r = c, n0 = tid * C_EPT;
+            float tot[C_EPT];
+#pragma unroll
+            for (int e = 0; e < C_EPT; ++e) tot[e] = 0.f;
+            for (int s = 0; s < TOPK; ++s) {
+                const float wt = __ldcg(top_w + r * S + s);
+                const float* ys = y + (size_t)(r * S + s) * HD + n0;
+                const float4 a = __ldcg(reinterpret_cast<const float4*>(ys));
+                const float4 b = __ldcg(reinterpret_cast<const float4*>(ys + 4));
+                tot[0] = fmaf(wt, a.x, tot[0]); tot[1] = fmaf(wt, a.y, tot[1]);
+                tot[2] = fmaf(wt, a.z, tot[2]); tot[3] = fmaf(wt, a.w, tot[3]);
+                tot[4] = fmaf(wt, b.x, tot[4]); tot[5] = fmaf(wt, b.y, tot[5]);
+                tot[6] = fmaf(wt, b.z, tot[6]); tot[7] = fmaf(wt, b.w, tot[7]);
+            }
+            const float sg = __ldcg(top_w + r * S + TOPK);
+            const float* ysh = y + (size_t)(r * S + TOPK) * HD + n0;
+            const float4 a = __ldcg(reinterpret_cast<const float4*>(ysh));
+            const float4 b = __ldcg(reinterpret_cast<const float4*>(ysh + 4));
+            const float shv[C_EPT] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            const uint4 rv = __ldg(reinterpret_cast<const uint4*>(resid + (size_t)r * HD + n0));
+            const uint4 nv = __ldg(reinterpret_cast<const uint4*>(norm_w + n0));
+            const float res[C_EPT] = {lo(rv.x), hi(rv.x), lo(rv.y), hi(rv.y), lo(rv.z), hi(rv.z), lo(rv.w), hi(rv.w)};
+            const float nw[C_EPT] = {lo(nv.x), hi(nv.x), lo(nv.y), hi(nv.y), lo(nv.z), hi(nv.z), lo(nv.w), hi(nv.w)};
+            float sm[C_EPT];
+            float ss = 0.f;
+#pragma unroll
+            for (int e = 0; e < C_EPT; ++e) {
+                const float ex = round_bf(sg * round_bf(shv[e]));
+                const float o = round_bf(round_bf(tot[e]) + ex);
+                sm[e] = round_bf(res[e] + o);
+                ss = fmaf(sm[e], sm[e], ss);
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) part[warp] = ss;
+            consumers_sync();
+            float total = 0.f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) total += part[w];
+            const float rs = rsqrtf(total / HD + eps);
+            unsigned sp[4], op[4];
+#pragma unroll
+            for (int e = 0; e < C_EPT; e += 2) {
+                sp[e / 2] = (unsigned)f2bf(sm[e]) | ((unsigned)f2bf(sm[e + 1]) << 16);
+                op[e / 2] = (unsigned)f2bf(sm[e] * rs * (1.f + nw[e]))
+                            | ((unsigned)f2bf(sm[e + 1] * rs * (1.f + nw[e + 1])) << 16);
+            }
+            *reinterpret_cast<uint4*>(s_out + (size_t)r * HD + n0) = make_uint4(sp[0], sp[1], sp[2], sp[3]);
+            *reinterpret_cast<uint4*>(out + (size_t)r * HD + n0) = make_uint4(op[0], op[1], op[2], op[3]);
+        }
+
+        // the last CTA out puts the counters back for the next launch (every CTA is past both syncs)
+        if (tid == 0) {
+            if (atomicAdd(ctr + 1, 1u) == (unsigned)G - 1) {
+                ctr[0] = 0;
+                ctr[1] = 0;
+                __threadfence();
+            }
         }
     }
 }
