@@ -335,8 +335,9 @@ def shared_first(eng: Engine, rounds: int) -> None:
                row_counts=(1, 3, 4))
 
 
-# the persistent MoE tail's ring: (slot bytes, slots) per arm
-TAIL_ARMS = {"tail": (16384, 12), "tail_8k24": (8192, 24), "tail_16k13": (16384, 13)}
+# the persistent MoE tail's ring per arm: (slot bytes, consumer warps, slots per warp)
+TAIL_ARMS = {"tail_16k_6x2": (16384, 6, 2), "tail_16k_8x1": (16384, 8, 1), "tail_8k_8x3": (8192, 8, 3),
+             "tail_16k_4x3": (16384, 4, 3)}
 
 
 def moe_tail(eng: Engine, rounds: int) -> None:
@@ -345,13 +346,13 @@ def moe_tail(eng: Engine, rounds: int) -> None:
     random routing, one graph per arm)."""
     from verispec.ops import cuda_fusions, cuda_moe, cuda_moe_tail
 
-    kept = cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.STAGES
+    kept = cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW
 
     def arm(ring):
         def setup():
             cuda_fusions.MOE_TAIL = ring is not None
             if ring is not None:
-                cuda_moe_tail.SLOT, cuda_moe_tail.STAGES = ring
+                cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW = ring
         return setup
     arms = {"triton": arm(None), **{k: arm(v) for k, v in TAIL_ARMS.items()}}
     try:
@@ -394,7 +395,7 @@ def moe_tail(eng: Engine, rounds: int) -> None:
                 f"{k} {med[k]:.2f} us [{min(times[k]) * 1e6:.2f}-{max(times[k]) * 1e6:.2f}]" for k in med))
         RESULTS["moe_tail_alone"] = out
     finally:
-        cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.STAGES = kept
+        cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW = kept
 
 
 def pdl(eng: Engine, rounds: int) -> None:

@@ -51,7 +51,12 @@ def _rows(case, m):
 
 
 @needs_bindings
-def test_moe_tail_rows_graph_reference_and_triton(tail_restored):
+@pytest.mark.parametrize("ring", [None, (8192, 8, 3)])
+def test_moe_tail_rows_graph_reference_and_triton(tail_restored, monkeypatch, ring):
+    """Each ring (the default, and 8 KiB slots in 8 warps' 3 each): rows, graph, torch, Triton."""
+    if ring is not None:
+        for name, v in zip(("SLOT", "WARPS", "SPW"), ring):
+            monkeypatch.setattr(cuda_moe_tail, name, v)
     case = _moe_case()
     assert cuda_moe_tail.fits(**case)                  # the persistent kernel runs, not the fallback
     full = cuda_moe_tail.experts_add_norm(**case, eps=1e-6)

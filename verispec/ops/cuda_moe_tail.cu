@@ -8,7 +8,10 @@
 // producer warp issues them as slots come free, so each SM keeps up to STAGES * SLOT bytes in
 // flight whatever the number of pairs, and the down weights arrive while the gate/up work and
 // the grid barrier between the phases run. WARPS consumer warps each take whole units (unit i
-// by warp i % WARPS), so no unit waits on a block-wide barrier. The shared expert's gate/up
+// by warp i % WARPS), so no unit waits on a block-wide barrier; each warp has its own SPW
+// slots, used in turn by its units, so a warp never waits on a slot whose previous unit is
+// another warp's (a slot shared by warps let a fast warp pass a barrier phase of the wrong
+// parity and read a slot before its bytes: an illegal-instruction fault, device call 73). The shared expert's gate/up
 // units are requested before griddepcontrol.wait: weights never change, and its id is fixed
 // (slot TOPK of every row, id NE).
 //
@@ -25,8 +28,8 @@
 // wait (the outputs may reuse memory the kernels before still read).
 //
 // Compiled at run time by NVRTC (cuda_moe_tail.py) with -D for HD (hidden), ID (expert width),
-// TOPK (routed slots), NE (experts; id NE is the shared expert), STAGES, SLOT (bytes), EXTRA
-// (bytes after the ring) and WARPS (consumer warps).
+// TOPK (routed slots), NE (experts; id NE is the shared expert), SLOT (bytes), WARPS (consumer
+// warps), SPW (slots per consumer warp) and EXTRA (bytes after the ring).
 // No headers: bf16 is handled as its bits.
 
 typedef unsigned short bf16;
@@ -35,6 +38,7 @@ typedef unsigned long long u64;
 // WARPS consumer warps; one more produces
 constexpr int THREADS = 32 * (WARPS + 1);
 constexpr int CONSUMERS = 32 * WARPS;
+constexpr int STAGES = WARPS * SPW;
 constexpr int S = TOPK + 1;                          // slots per row: the routed, then the shared
 constexpr int MAX_PAIRS = 16 * S;                    // R <= 16 (the exact path's row slots)
 constexpr int GU_ROWS = SLOT / (4 * HD);             // gate rows (and as many up rows) per A unit
@@ -43,10 +47,10 @@ constexpr int DN_ROWS = SLOT / (2 * ID);             // down rows per B unit
 constexpr int UB = HD / DN_ROWS;                     // B units per pair
 constexpr int A_VEC = HD / 256;                      // 8-element loads per lane per weight row
 constexpr int B_VEC = ID / 256;
-constexpr int C_EPT = HD / CONSUMERS;                // combine: elements per thread
+constexpr int NCH = (HD + 8 * CONSUMERS - 1) / (8 * CONSUMERS);   // combine: 8-element chunks a thread
 static_assert(GU_ROWS >= 1 && ID % GU_ROWS == 0 && HD % 256 == 0, "A units");
 static_assert(DN_ROWS >= 1 && DN_ROWS <= 32 && HD % DN_ROWS == 0 && ID % 256 == 0, "B units");
-static_assert(C_EPT == 8, "the combine reads 8 contiguous elements a thread");
+static_assert(HD % 8 == 0, "the combine reads 8 contiguous elements at a time");
 static_assert(2 * STAGES * 8 + 4 * WARPS + 4 * MAX_PAIRS <= EXTRA, "the shared memory after the ring");
 
 __device__ __forceinline__ float lo(unsigned v) { return __uint_as_float(v << 16); }
@@ -116,6 +120,10 @@ __device__ __forceinline__ void grid_sync(unsigned* ctr, unsigned target) {
     consumers_sync();
 }
 
+// unit i: warp i % WARPS, in that warp's slots in turn; use = how many units the slot had before
+__device__ __forceinline__ int slot_of(int i) { return (i % WARPS) * SPW + (i / WARPS) % SPW; }
+__device__ __forceinline__ int use_of(int i) { return i / WARPS / SPW; }
+
 struct Unit { int pair, row, block; };
 
 // A unit a: first the R shared pairs' units (known before the router is done), then the routed.
@@ -163,11 +171,11 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
     }
     __syncthreads();
 
-    if (warp == WARPS) {          // the producer: unit j into slot j % STAGES, once its last unit is done
+    if (warp == WARPS) {          // the producer: unit j into its slot, once the slot's last unit is done
         auto issue = [&](int j) {
-            const int slot = j % STAGES;
+            const int slot = slot_of(j);
             unsigned char* dst = ring + slot * SLOT;
-            if (j >= STAGES) mbar_wait(&empty[slot], ((j / STAGES) - 1) & 1);
+            if (use_of(j) > 0) mbar_wait(&empty[slot], (use_of(j) - 1) & 1);
             if (j < nA) {
                 const Unit u = a_unit(c + j * G, R);
                 const int e = ids[u.pair];
@@ -204,13 +212,13 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
         }
         // gate/up + SwiGLU: act[pair, j] = silu(g_j . x_row) * (u_j . x_row), a unit a warp
         for (int i = warp; i < nA; i += WARPS) {
-            const int slot = i % STAGES;
+            const int slot = slot_of(i);
             const Unit u = a_unit(c + i * G, R);
             uint4 xv[A_VEC];
 #pragma unroll
             for (int v = 0; v < A_VEC; ++v)
                 xv[v] = __ldg(reinterpret_cast<const uint4*>(x + (size_t)u.row * HD + v * 256 + lane * 8));
-            mbar_wait(&full[slot], (i / STAGES) & 1);
+            mbar_wait(&full[slot], use_of(i) & 1);
             const bf16* w = reinterpret_cast<const bf16*>(ring + slot * SLOT);
             float acc[2 * GU_ROWS];
 #pragma unroll
@@ -236,13 +244,13 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
 
         // down: y[pair, n] = d_n . act[pair] (fp32), a unit a warp
         for (int i = nA + warp; i < T; i += WARPS) {
-            const int slot = i % STAGES;
+            const int slot = slot_of(i);
             const Unit u = b_unit(c + (i - nA) * G);
             uint4 av[B_VEC];
 #pragma unroll
             for (int v = 0; v < B_VEC; ++v)
                 av[v] = __ldcg(reinterpret_cast<const uint4*>(act + (size_t)u.pair * ID + v * 256 + lane * 8));
-            mbar_wait(&full[slot], (i / STAGES) & 1);
+            mbar_wait(&full[slot], use_of(i) & 1);
             const bf16* w = reinterpret_cast<const bf16*>(ring + slot * SLOT);
             float acc[DN_ROWS];
 #pragma unroll
@@ -267,37 +275,40 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
         // combine (CTA r for row r): the routed slots in slot order, the shared expert, the
         // residual add and the norm, each rounding as cuda_moe._combine rounds
         if (c < R) {
-            const int r = c, n0 = tid * C_EPT;
-            float tot[C_EPT];
-#pragma unroll
-            for (int e = 0; e < C_EPT; ++e) tot[e] = 0.f;
-            for (int s = 0; s < TOPK; ++s) {
-                const float wt = __ldcg(top_w + r * S + s);
-                const float* ys = y + (size_t)(r * S + s) * HD + n0;
-                const float4 a = __ldcg(reinterpret_cast<const float4*>(ys));
-                const float4 b = __ldcg(reinterpret_cast<const float4*>(ys + 4));
-                tot[0] = fmaf(wt, a.x, tot[0]); tot[1] = fmaf(wt, a.y, tot[1]);
-                tot[2] = fmaf(wt, a.z, tot[2]); tot[3] = fmaf(wt, a.w, tot[3]);
-                tot[4] = fmaf(wt, b.x, tot[4]); tot[5] = fmaf(wt, b.y, tot[5]);
-                tot[6] = fmaf(wt, b.z, tot[6]); tot[7] = fmaf(wt, b.w, tot[7]);
-            }
+            const int r = c;
             const float sg = __ldcg(top_w + r * S + TOPK);
-            const float* ysh = y + (size_t)(r * S + TOPK) * HD + n0;
-            const float4 a = __ldcg(reinterpret_cast<const float4*>(ysh));
-            const float4 b = __ldcg(reinterpret_cast<const float4*>(ysh + 4));
-            const float shv[C_EPT] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-            const uint4 rv = __ldg(reinterpret_cast<const uint4*>(resid + (size_t)r * HD + n0));
-            const uint4 nv = __ldg(reinterpret_cast<const uint4*>(norm_w + n0));
-            const float res[C_EPT] = {lo(rv.x), hi(rv.x), lo(rv.y), hi(rv.y), lo(rv.z), hi(rv.z), lo(rv.w), hi(rv.w)};
-            const float nw[C_EPT] = {lo(nv.x), hi(nv.x), lo(nv.y), hi(nv.y), lo(nv.z), hi(nv.z), lo(nv.w), hi(nv.w)};
-            float sm[C_EPT];
+            float sm[NCH][8];
             float ss = 0.f;
 #pragma unroll
-            for (int e = 0; e < C_EPT; ++e) {
-                const float ex = round_bf(sg * round_bf(shv[e]));
-                const float o = round_bf(round_bf(tot[e]) + ex);
-                sm[e] = round_bf(res[e] + o);
-                ss = fmaf(sm[e], sm[e], ss);
+            for (int ch = 0; ch < NCH; ++ch) {
+                const int n0 = (ch * CONSUMERS + tid) * 8;
+                if (n0 >= HD) break;
+                float tot[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) tot[e] = 0.f;
+                for (int s = 0; s < TOPK; ++s) {
+                    const float wt = __ldcg(top_w + r * S + s);
+                    const float* ys = y + (size_t)(r * S + s) * HD + n0;
+                    const float4 a = __ldcg(reinterpret_cast<const float4*>(ys));
+                    const float4 b = __ldcg(reinterpret_cast<const float4*>(ys + 4));
+                    tot[0] = fmaf(wt, a.x, tot[0]); tot[1] = fmaf(wt, a.y, tot[1]);
+                    tot[2] = fmaf(wt, a.z, tot[2]); tot[3] = fmaf(wt, a.w, tot[3]);
+                    tot[4] = fmaf(wt, b.x, tot[4]); tot[5] = fmaf(wt, b.y, tot[5]);
+                    tot[6] = fmaf(wt, b.z, tot[6]); tot[7] = fmaf(wt, b.w, tot[7]);
+                }
+                const float* ysh = y + (size_t)(r * S + TOPK) * HD + n0;
+                const float4 a = __ldcg(reinterpret_cast<const float4*>(ysh));
+                const float4 b = __ldcg(reinterpret_cast<const float4*>(ysh + 4));
+                const float shv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                const uint4 rv = __ldg(reinterpret_cast<const uint4*>(resid + (size_t)r * HD + n0));
+                const float res[8] = {lo(rv.x), hi(rv.x), lo(rv.y), hi(rv.y), lo(rv.z), hi(rv.z), lo(rv.w), hi(rv.w)};
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    const float ex = round_bf(sg * round_bf(shv[e]));
+                    const float o = round_bf(round_bf(tot[e]) + ex);
+                    sm[ch][e] = round_bf(res[e] + o);
+                    ss = fmaf(sm[ch][e], sm[ch][e], ss);
+                }
             }
             ss = warp_sum(ss);
             if (lane == 0) part[warp] = ss;
@@ -306,15 +317,22 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
 #pragma unroll
             for (int w = 0; w < WARPS; ++w) total += part[w];
             const float rs = rsqrtf(total / HD + eps);
-            unsigned sp[4], op[4];
 #pragma unroll
-            for (int e = 0; e < C_EPT; e += 2) {
-                sp[e / 2] = (unsigned)f2bf(sm[e]) | ((unsigned)f2bf(sm[e + 1]) << 16);
-                op[e / 2] = (unsigned)f2bf(sm[e] * rs * (1.f + nw[e]))
-                            | ((unsigned)f2bf(sm[e + 1] * rs * (1.f + nw[e + 1])) << 16);
+            for (int ch = 0; ch < NCH; ++ch) {
+                const int n0 = (ch * CONSUMERS + tid) * 8;
+                if (n0 >= HD) break;
+                const uint4 nv = __ldg(reinterpret_cast<const uint4*>(norm_w + n0));
+                const float nw[8] = {lo(nv.x), hi(nv.x), lo(nv.y), hi(nv.y), lo(nv.z), hi(nv.z), lo(nv.w), hi(nv.w)};
+                unsigned sp[4], op[4];
+#pragma unroll
+                for (int e = 0; e < 8; e += 2) {
+                    sp[e / 2] = (unsigned)f2bf(sm[ch][e]) | ((unsigned)f2bf(sm[ch][e + 1]) << 16);
+                    op[e / 2] = (unsigned)f2bf(sm[ch][e] * rs * (1.f + nw[e]))
+                                | ((unsigned)f2bf(sm[ch][e + 1] * rs * (1.f + nw[e + 1])) << 16);
+                }
+                *reinterpret_cast<uint4*>(s_out + (size_t)r * HD + n0) = make_uint4(sp[0], sp[1], sp[2], sp[3]);
+                *reinterpret_cast<uint4*>(out + (size_t)r * HD + n0) = make_uint4(op[0], op[1], op[2], op[3]);
             }
-            *reinterpret_cast<uint4*>(s_out + (size_t)r * HD + n0) = make_uint4(sp[0], sp[1], sp[2], sp[3]);
-            *reinterpret_cast<uint4*>(out + (size_t)r * HD + n0) = make_uint4(op[0], op[1], op[2], op[3]);
         }
 
         // the last CTA out puts the counters back for the next launch (every CTA is past both syncs)
@@ -326,4 +344,7 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
             }
         }
     }
+    // the producer warp stays until every copy it issued has landed and been used: a warp that
+    // exits with bulk copies in flight failed the launch (unspecified launch failure, device call 71)
+    __syncthreads();
 }

@@ -26,14 +26,13 @@ try:
 except ImportError:  # pragma: no cover - an optional dependency
     cu = nvrtc = None
 
-WARPS = 8               # consumer warps a CTA; one more issues the copies
-THREADS = 32 * (WARPS + 1)
-SLOT = 16384            # bytes a ring slot holds: one unit of weights
-STAGES = 12             # slots per CTA: up to 192 KiB in flight per SM
+# the ring (bench/cuda_bench.py --sections moe_tail compares choices): bytes a slot holds (one
+# unit of weights), consumer warps a CTA (one more issues the copies), slots per consumer warp
+SLOT, WARPS, SPW = 16384, 6, 2
 MAX_ROWS = 16
 EXTRA = 2048            # shared memory after the ring: its barriers, the warps' partial sums, the pairs' ids
 
-_kernels: dict = {}     # (device index, HD, ID, TOPK, NE, SLOT, STAGES) -> CUfunction
+_kernels: dict = {}     # (device index, HD, ID, TOPK, NE, SLOT, WARPS, SPW) -> CUfunction
 _counters: dict = {}    # device index -> the grid barrier's counters (int32 [2], put back by each launch)
 _sms: dict = {}
 
@@ -48,11 +47,11 @@ def _ok(result, what: str):
 
 def _shape_ok(hd: int, inter: int) -> bool:
     """The compile-time conditions of cuda_moe_tail.cu (its static_asserts) for hidden hd and width inter."""
-    if SLOT % (4 * hd) or SLOT % (2 * inter) or STAGES * SLOT + EXTRA > 227 * 1024:
+    if SLOT % (4 * hd) or SLOT % (2 * inter) or WARPS * SPW * SLOT + EXTRA > 227 * 1024:
         return False
     gu_rows, dn_rows = SLOT // (4 * hd), SLOT // (2 * inter)
     return (gu_rows >= 1 and inter % gu_rows == 0 and hd % 256 == 0 and 1 <= dn_rows <= 32 and hd % dn_rows == 0
-            and inter % 256 == 0 and hd == 32 * WARPS * 8)
+            and inter % 256 == 0)
 
 
 def available(device: torch.device) -> bool:
@@ -85,13 +84,13 @@ def _sm_count(device: torch.device) -> int:
     return _sms[i]
 
 
-def _compile(device: torch.device, hd: int, inter: int, top_k: int, n_experts: int, slot: int, stages: int):
+def _compile(device: torch.device, hd: int, inter: int, top_k: int, n_experts: int, slot: int, warps: int, spw: int):
     major, minor = torch.cuda.get_device_capability(device)
     src = resources.files(__package__).joinpath("cuda_moe_tail.cu").read_text()
     prog = _ok(nvrtc.nvrtcCreateProgram(src.encode(), b"cuda_moe_tail.cu", 0, [], []), "nvrtcCreateProgram")
-    opts = [f"--gpu-architecture=sm_{major}{minor}", "-std=c++17", f"-DHD={hd}", f"-DID={inter}",
-            f"-DTOPK={top_k}", f"-DNE={n_experts}", f"-DSTAGES={stages}", f"-DSLOT={slot}",
-            f"-DEXTRA={EXTRA}", f"-DWARPS={WARPS}"]
+    opts = [f"--gpu-architecture=sm_{major}{minor}", "-std=c++17", "-lineinfo", f"-DHD={hd}", f"-DID={inter}",
+            f"-DTOPK={top_k}", f"-DNE={n_experts}", f"-DSLOT={slot}", f"-DWARPS={warps}", f"-DSPW={spw}",
+            f"-DEXTRA={EXTRA}"]
     opts = [o.encode() for o in opts]
     status = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
     if int(status) != 0:
@@ -107,24 +106,24 @@ def _compile(device: torch.device, hd: int, inter: int, top_k: int, n_experts: i
     module = _ok(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
     fn = _ok(cu.cuModuleGetFunction(module, b"moe_tail"), "cuModuleGetFunction")
     _ok(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                              stages * slot + EXTRA), "cuFuncSetAttribute")
+                              warps * spw * slot + EXTRA), "cuFuncSetAttribute")
     return fn
 
 
 def _kernel(device: torch.device, hd: int, inter: int, top_k: int, n_experts: int):
-    key = (_index(device), hd, inter, top_k, n_experts, SLOT, STAGES)
+    key = (_index(device), hd, inter, top_k, n_experts, SLOT, WARPS, SPW)
     if key not in _kernels:
         if key[0] not in _counters:          # also makes the device's context current here
             _counters[key[0]] = torch.zeros(2, dtype=torch.int32, device=device)
         with torch.cuda.device(device):
-            _kernels[key] = _compile(device, hd, inter, top_k, n_experts, SLOT, STAGES)
-    return _kernels[key], STAGES * SLOT + EXTRA
+            _kernels[key] = _compile(device, hd, inter, top_k, n_experts, SLOT, WARPS, SPW)
+    return _kernels[key], WARPS * SPW * SLOT + EXTRA, 32 * (WARPS + 1)
 
 
-def _launch(fn, smem: int, grid: int, stream: int, pdl: bool, args: list) -> None:
+def _launch(fn, smem: int, threads: int, grid: int, stream: int, pdl: bool, args: list) -> None:
     cfg = cu.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid, 1, 1
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = THREADS, 1, 1
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads, 1, 1
     cfg.sharedMemBytes = smem
     cfg.hStream = cu.CUstream(stream)
     if pdl:
@@ -145,7 +144,7 @@ def experts_add_norm(x, top_w, top_i, gu_all, down_all, shared_gu, shared_down, 
     ZC-norm of it with norm_w), in one launch."""
     rows, slots = top_i.shape
     n_experts, two_i, hd = gu_all.shape
-    fn, smem = _kernel(x.device, hd, two_i // 2, slots - 1, n_experts)
+    fn, smem, threads = _kernel(x.device, hd, two_i // 2, slots - 1, n_experts)
     act = torch.empty(rows * slots, two_i // 2, dtype=x.dtype, device=x.device)
     y = torch.empty(rows * slots, hd, dtype=torch.float32, device=x.device)
     s, out = torch.empty(rows, hd, dtype=x.dtype, device=x.device), torch.empty(rows, hd, dtype=x.dtype, device=x.device)
@@ -154,5 +153,5 @@ def experts_add_norm(x, top_w, top_i, gu_all, down_all, shared_gu, shared_down, 
                                                      resid, norm_w, act, y, s, out, ctr)]
     pdl = cuda_launch.flags(x.device)["PDL"]
     args = ptrs + [ctypes.c_int(rows), ctypes.c_float(eps), ctypes.c_int(int(pdl))]
-    _launch(fn, smem, _sm_count(x.device), torch.cuda.current_stream(x.device).cuda_stream, pdl, args)
+    _launch(fn, smem, threads, _sm_count(x.device), torch.cuda.current_stream(x.device).cuda_stream, pdl, args)
     return s, out
