@@ -4,14 +4,14 @@
 // Why one launch: each of those kernels pays a ramp to the copy rate and a drain at its end,
 // and the down weights can only be fetched once the gate/up kernel is done. Here one CTA per
 // SM streams its share of every weight the MoE reads, gate/up then down, through a ring of
-// STAGES shared-memory slots filled by bulk async copies (cp.async.bulk, the copy engine): a
-// producer warp issues them as slots come free, so each SM keeps up to STAGES * SLOT bytes in
-// flight whatever the number of pairs, and the down weights arrive while the gate/up work and
-// the grid barrier between the phases run. WARPS consumer warps each take whole units (unit i
-// by warp i % WARPS), so no unit waits on a block-wide barrier; each warp has its own SPW
-// slots, used in turn by its units, so a warp never waits on a slot whose previous unit is
-// another warp's (a slot shared by warps let a fast warp pass a barrier phase of the wrong
-// parity and read a slot before its bytes: an illegal-instruction fault, device call 73). The shared expert's gate/up
+// STAGES = WARPS * SPW shared-memory slots filled by bulk async copies (cp.async.bulk, the copy
+// engine), so each SM keeps up to STAGES * SLOT bytes in flight whatever the number of pairs,
+// and the down weights arrive while the gate/up work and the grid barrier between the phases
+// run. Each warp takes whole units (unit i by warp i % WARPS; no block-wide barrier per unit)
+// through its own SPW slots: once it has read a slot it requests its next unit into it. (With
+// slots shared by warps a fast warp could pass a barrier phase of the wrong parity and read a
+// slot before its bytes: an illegal-instruction fault, device call 73; a producer warp issuing
+// every warp's units in order stalled on the slowest warp.) The shared expert's gate/up
 // units are requested before griddepcontrol.wait: weights never change, and its id is fixed
 // (slot TOPK of every row, id NE).
 //
@@ -35,9 +35,7 @@
 typedef unsigned short bf16;
 typedef unsigned long long u64;
 
-// WARPS consumer warps; one more produces
-constexpr int THREADS = 32 * (WARPS + 1);
-constexpr int CONSUMERS = 32 * WARPS;
+constexpr int THREADS = 32 * WARPS;
 constexpr int STAGES = WARPS * SPW;
 constexpr int S = TOPK + 1;                          // slots per row: the routed, then the shared
 constexpr int MAX_PAIRS = 16 * S;                    // R <= 16 (the exact path's row slots)
@@ -47,11 +45,11 @@ constexpr int DN_ROWS = SLOT / (2 * ID);             // down rows per B unit
 constexpr int UB = HD / DN_ROWS;                     // B units per pair
 constexpr int A_VEC = HD / 256;                      // 8-element loads per lane per weight row
 constexpr int B_VEC = ID / 256;
-constexpr int NCH = (HD + 8 * CONSUMERS - 1) / (8 * CONSUMERS);   // combine: 8-element chunks a thread
+constexpr int NCH = (HD + 8 * THREADS - 1) / (8 * THREADS);   // combine: 8-element chunks a thread
 static_assert(GU_ROWS >= 1 && ID % GU_ROWS == 0 && HD % 256 == 0, "A units");
 static_assert(DN_ROWS >= 1 && DN_ROWS <= 32 && HD % DN_ROWS == 0 && ID % 256 == 0, "B units");
 static_assert(HD % 8 == 0, "the combine reads 8 contiguous elements at a time");
-static_assert(2 * STAGES * 8 + 4 * WARPS + 4 * MAX_PAIRS <= EXTRA, "the shared memory after the ring");
+static_assert(STAGES * 8 + 4 * WARPS + 4 * MAX_PAIRS <= EXTRA, "the shared memory after the ring");
 
 __device__ __forceinline__ float lo(unsigned v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float hi(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
@@ -92,12 +90,6 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  :: "r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(b)) : "memory");
 }
-__device__ __forceinline__ void mbar_arrive(u64* b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(b)) : "memory");
-}
-__device__ __forceinline__ void consumers_sync() {      // the consumer warps only (named barrier 1)
-    asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
-}
 __device__ __forceinline__ void mbar_wait(u64* b, unsigned parity) {
     asm volatile("{\n\t.reg .pred p;\n"
                  "WAIT_%=:\n\t"
@@ -108,7 +100,7 @@ __device__ __forceinline__ void mbar_wait(u64* b, unsigned parity) {
 // Every CTA of the grid past this point has finished what its consumers wrote before (all
 // CTAs are resident: one per SM, grid = SM count). ctr counts arrivals; target = G, then 2G.
 __device__ __forceinline__ void grid_sync(unsigned* ctr, unsigned target) {
-    consumers_sync();
+    __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
         atomicAdd(ctr, 1u);
@@ -117,7 +109,7 @@ __device__ __forceinline__ void grid_sync(unsigned* ctr, unsigned target) {
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ctr) : "memory");
         } while (v < target);
     }
-    consumers_sync();
+    __syncthreads();
 }
 
 // unit i: warp i % WARPS, in that warp's slots in turn; use = how many units the slot had before
@@ -153,8 +145,7 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* ring = smem;
     u64* full = reinterpret_cast<u64*>(smem + STAGES * SLOT);      // a slot's bytes have landed
-    u64* empty = full + STAGES;                                    // a slot's unit is done with
-    float* part = reinterpret_cast<float*>(empty + STAGES);        // [WARPS]
+    float* part = reinterpret_cast<float*>(full + STAGES);         // [WARPS]
     int* ids = reinterpret_cast<int*>(part + WARPS);               // [MAX_PAIRS]
     const int G = gridDim.x, c = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int P = R * S, NA = P * UA, NB = P * UB;
@@ -162,54 +153,54 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
     const int nB = c < NB ? (NB - 1 - c) / G + 1 : 0;
     const int T = nA + nB;
 
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s]);
-            mbar_init(&empty[s]);
+    // unit j (this warp's, j % WARPS == warp) into its slot; lane 0 only
+    auto issue = [&](int j) {
+        const int slot = slot_of(j);
+        unsigned char* dst = ring + slot * SLOT;
+        if (j < nA) {
+            const Unit u = a_unit(c + j * G, R);
+            const int e = ids[u.pair];
+            const bf16* base = e == NE ? shared_gu : gu_all + (size_t)e * (2 * ID) * HD;
+            mbar_expect(&full[slot], SLOT);
+            bulk_copy(dst, base + (size_t)(u.block * GU_ROWS) * HD, SLOT / 2, &full[slot]);
+            bulk_copy(dst + SLOT / 2, base + (size_t)(ID + u.block * GU_ROWS) * HD, SLOT / 2, &full[slot]);
+        } else {
+            const Unit u = b_unit(c + (j - nA) * G);
+            const int e = ids[u.pair];
+            const bf16* base = e == NE ? shared_down : down_all + (size_t)e * HD * ID;
+            mbar_expect(&full[slot], SLOT);
+            bulk_copy(dst, base + (size_t)(u.block * DN_ROWS) * ID, SLOT, &full[slot]);
         }
+    };
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) mbar_init(&full[s]);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
+    for (int q = tid; q < P; q += THREADS)      // the shared slots' id is fixed: known before the wait
+        ids[q] = q % S == TOPK ? NE : -1;
     __syncthreads();
-
-    if (warp == WARPS) {          // the producer: unit j into its slot, once the slot's last unit is done
-        auto issue = [&](int j) {
-            const int slot = slot_of(j);
-            unsigned char* dst = ring + slot * SLOT;
-            if (use_of(j) > 0) mbar_wait(&empty[slot], (use_of(j) - 1) & 1);
-            if (j < nA) {
-                const Unit u = a_unit(c + j * G, R);
-                const int e = ids[u.pair];
-                const bf16* base = e == NE ? shared_gu : gu_all + (size_t)e * (2 * ID) * HD;
-                mbar_expect(&full[slot], SLOT);
-                bulk_copy(dst, base + (size_t)(u.block * GU_ROWS) * HD, SLOT / 2, &full[slot]);
-                bulk_copy(dst + SLOT / 2, base + (size_t)(ID + u.block * GU_ROWS) * HD, SLOT / 2, &full[slot]);
-            } else {
-                const Unit u = b_unit(c + (j - nA) * G);
-                const int e = ids[u.pair];
-                const bf16* base = e == NE ? shared_down : down_all + (size_t)e * HD * ID;
-                mbar_expect(&full[slot], SLOT);
-                bulk_copy(dst, base + (size_t)(u.block * DN_ROWS) * ID, SLOT, &full[slot]);
-            }
-        };
-        for (int q = lane; q < P; q += 32)      // the shared slots' id is fixed: known before the wait
-            ids[q] = q % S == TOPK ? NE : -1;
-        __syncwarp();
-        int j = 0;
-        if (lane == 0) {          // before the wait: only the shared expert's units
-            while (j < nA && j < STAGES && c + j * G < R * UA) issue(j++);
+    int next = warp;              // lane 0: this warp's next unit to request
+    if (lane == 0) {              // before the wait: only the shared expert's units
+        while (next < nA && next < STAGES && c + next * G < R * UA) {
+            issue(next);
+            next += WARPS;
         }
-        if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-        for (int q = lane; q < P; q += 32)
-            if (q % S != TOPK) ids[q] = __ldcg(top_i + q);
-        __syncwarp();
-        if (lane == 0) {
-            while (j < T) issue(j++);
+    }
+    if (pdl) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    }
+    for (int q = tid; q < P; q += THREADS)
+        if (q % S != TOPK) ids[q] = __ldcg(top_i + q);
+    __syncthreads();
+    if (lane == 0) {              // the rest of this warp's first SPW units
+        while (next < T && next < STAGES) {
+            issue(next);
+            next += WARPS;
         }
-    } else {
-        if (pdl) {
-            asm volatile("griddepcontrol.wait;" ::: "memory");
-            asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-        }
+    }
+    {
         // gate/up + SwiGLU: act[pair, j] = silu(g_j . x_row) * (u_j . x_row), a unit a warp
         for (int i = warp; i < nA; i += WARPS) {
             const int slot = slot_of(i);
@@ -228,8 +219,8 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
                 for (int v = 0; v < A_VEC; ++v)
                     acc[rr] = dot8(*reinterpret_cast<const uint4*>(w + rr * HD + v * 256 + lane * 8), xv[v], acc[rr]);
             }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[slot]);
+            __syncwarp();        // the slot read: its next unit (this warp's) may overwrite it
+            if (lane == 0 && i + STAGES < T) issue(i + STAGES);
 #pragma unroll
             for (int rr = 0; rr < 2 * GU_ROWS; ++rr) acc[rr] = warp_sum(acc[rr]);
             if (lane < GU_ROWS) {
@@ -243,7 +234,7 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
         grid_sync(ctr, G);        // every pair's act written
 
         // down: y[pair, n] = d_n . act[pair] (fp32), a unit a warp
-        for (int i = nA + warp; i < T; i += WARPS) {
+        for (int i = nA + (warp - nA % WARPS + WARPS) % WARPS; i < T; i += WARPS) {   // this warp's: i % WARPS == warp
             const int slot = slot_of(i);
             const Unit u = b_unit(c + (i - nA) * G);
             uint4 av[B_VEC];
@@ -260,8 +251,8 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
                 for (int v = 0; v < B_VEC; ++v)
                     acc[rr] = dot8(*reinterpret_cast<const uint4*>(w + rr * ID + v * 256 + lane * 8), av[v], acc[rr]);
             }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[slot]);
+            __syncwarp();        // the slot read: its next unit (this warp's) may overwrite it
+            if (lane == 0 && i + STAGES < T) issue(i + STAGES);
             float mine = 0.f;
 #pragma unroll
             for (int rr = 0; rr < DN_ROWS; ++rr) {
@@ -281,7 +272,7 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
             float ss = 0.f;
 #pragma unroll
             for (int ch = 0; ch < NCH; ++ch) {
-                const int n0 = (ch * CONSUMERS + tid) * 8;
+                const int n0 = (ch * THREADS + tid) * 8;
                 if (n0 >= HD) break;
                 float tot[8];
 #pragma unroll
@@ -312,14 +303,14 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
             }
             ss = warp_sum(ss);
             if (lane == 0) part[warp] = ss;
-            consumers_sync();
+            __syncthreads();
             float total = 0.f;
 #pragma unroll
             for (int w = 0; w < WARPS; ++w) total += part[w];
             const float rs = rsqrtf(total / HD + eps);
 #pragma unroll
             for (int ch = 0; ch < NCH; ++ch) {
-                const int n0 = (ch * CONSUMERS + tid) * 8;
+                const int n0 = (ch * THREADS + tid) * 8;
                 if (n0 >= HD) break;
                 const uint4 nv = __ldg(reinterpret_cast<const uint4*>(norm_w + n0));
                 const float nw[8] = {lo(nv.x), hi(nv.x), lo(nv.y), hi(nv.y), lo(nv.z), hi(nv.z), lo(nv.w), hi(nv.w)};
@@ -344,7 +335,4 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
             }
         }
     }
-    // the producer warp stays until every copy it issued has landed and been used: a warp that
-    // exits with bulk copies in flight failed the launch (unspecified launch failure, device call 71)
-    __syncthreads();
 }

@@ -27,8 +27,8 @@ except ImportError:  # pragma: no cover - an optional dependency
     cu = nvrtc = None
 
 # the ring (bench/cuda_bench.py --sections moe_tail compares choices): bytes a slot holds (one
-# unit of weights), consumer warps a CTA (one more issues the copies), slots per consumer warp
-SLOT, WARPS, SPW = 16384, 6, 2
+# unit of weights), warps a CTA, slots per warp
+SLOT, WARPS, SPW = 8192, 8, 3
 MAX_ROWS = 16
 EXTRA = 2048            # shared memory after the ring: its barriers, the warps' partial sums, the pairs' ids
 
@@ -117,7 +117,7 @@ def _kernel(device: torch.device, hd: int, inter: int, top_k: int, n_experts: in
             _counters[key[0]] = torch.zeros(2, dtype=torch.int32, device=device)
         with torch.cuda.device(device):
             _kernels[key] = _compile(device, hd, inter, top_k, n_experts, SLOT, WARPS, SPW)
-    return _kernels[key], WARPS * SPW * SLOT + EXTRA, 32 * (WARPS + 1)
+    return _kernels[key], WARPS * SPW * SLOT + EXTRA, 32 * WARPS
 
 
 def _launch(fn, smem: int, threads: int, grid: int, stream: int, pdl: bool, args: list) -> None:
