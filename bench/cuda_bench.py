@@ -335,27 +335,32 @@ def shared_first(eng: Engine, rounds: int) -> None:
                row_counts=(1, 3, 4))
 
 
-# the persistent MoE tail's ring per arm: (slot bytes, warps, slots per warp); shared memory
-# 192 / 128 / 64 / 64 KiB (does a large carveout slow the Triton kernels after it? device call 74)
-TAIL_ARMS = {"tail_8k_8x3": (8192, 8, 3), "tail_16k_8x1": (16384, 8, 1), "tail_8k_8x1": (8192, 8, 1),
-             "tail_16k_4x1": (16384, 4, 1)}
+# the persistent MoE tail per arm: (slot bytes, warps, slots per warp, the next kernel let launch
+# late); in the model the tail lost 3-4x what it lost alone (device calls 74-75): is it the next
+# kernel launched early and resident beside it?
+TAIL_ARMS = {"tail_16k_4x1": (16384, 4, 1, False), "tail_16k_4x1_late": (16384, 4, 1, True),
+             "tail_8k_8x3": (8192, 8, 3, False), "tail_8k_8x3_late": (8192, 8, 3, True)}
 
 
 def moe_tail(eng: Engine, rounds: int) -> None:
     """The persistent MoE tail (verispec/ops/cuda_moe_tail.py), with each ring of TAIL_ARMS, against
     the Triton launches: in the graphed forward (1, 3, 4 rows) and alone (every layer's tail after
     random routing, one graph per arm)."""
-    from verispec.ops import cuda_fusions, cuda_moe, cuda_moe_tail
+    from verispec.ops import cuda_fusions, cuda_launch, cuda_moe, cuda_moe_tail
 
-    kept = cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW
+    kept_pdl = cuda_launch.enabled
+    kept = cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW, cuda_moe_tail.LATE
 
-    def arm(ring):
+    def arm(ring, pdl=True):
         def setup():
+            cuda_launch.enabled = pdl
             cuda_fusions.MOE_TAIL = ring is not None
             if ring is not None:
-                cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW = ring
+                cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW, cuda_moe_tail.LATE = ring
         return setup
-    arms = {"triton": arm(None), **{k: arm(v) for k, v in TAIL_ARMS.items()}}
+    first = next(iter(TAIL_ARMS))
+    arms = {"triton": arm(None), **{k: arm(v) for k, v in TAIL_ARMS.items()},
+            "triton_no_pdl": arm(None, False), f"{first}_no_pdl": arm(TAIL_ARMS[first], False)}
     try:
         graph_arms(eng, rounds, "moe_tail", arms, row_counts=(1, 3, 4))
         if DEVICE != "cuda":
@@ -396,7 +401,8 @@ def moe_tail(eng: Engine, rounds: int) -> None:
                 f"{k} {med[k]:.2f} us [{min(times[k]) * 1e6:.2f}-{max(times[k]) * 1e6:.2f}]" for k in med))
         RESULTS["moe_tail_alone"] = out
     finally:
-        cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW = kept
+        cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW, cuda_moe_tail.LATE = kept
+        cuda_launch.enabled = kept_pdl
 
 
 def pdl(eng: Engine, rounds: int) -> None:

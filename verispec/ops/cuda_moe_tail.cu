@@ -29,7 +29,8 @@
 //
 // Compiled at run time by NVRTC (cuda_moe_tail.py) with -D for HD (hidden), ID (expert width),
 // TOPK (routed slots), NE (experts; id NE is the shared expert), SLOT (bytes), WARPS (consumer
-// warps), SPW (slots per consumer warp) and EXTRA (bytes after the ring).
+// warps), SPW (slots per consumer warp), EXTRA (bytes after the ring) and LATE (1: the next
+// kernel is let launch only after the second grid barrier, not right after the wait).
 // No headers: bf16 is handled as its bits.
 
 typedef unsigned short bf16;
@@ -189,7 +190,7 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
     }
     if (pdl) {
         asm volatile("griddepcontrol.wait;" ::: "memory");
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        if (!LATE) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     }
     for (int q = tid; q < P; q += THREADS)
         if (q % S != TOPK) ids[q] = __ldcg(top_i + q);
@@ -262,6 +263,7 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
             if (lane < DN_ROWS) __stcg(y + (size_t)u.pair * HD + u.block * DN_ROWS + lane, mine);
         }
         grid_sync(ctr, 2 * G);    // every pair's y written
+        if (pdl && LATE) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
         // combine (CTA r for row r): the routed slots in slot order, the shared expert, the
         // residual add and the norm, each rounding as cuda_moe._combine rounds
