@@ -28,7 +28,8 @@ except ImportError:  # pragma: no cover - an optional dependency
 
 # the ring (bench/cuda_bench.py --sections moe_tail compares choices): bytes a slot holds (one
 # unit of weights), warps a CTA, slots per warp
-SLOT, WARPS, SPW = 8192, 8, 3
+SLOT, WARPS, SPW = 16384, 4, 1
+LATE = False            # the next kernel let launch only near the end (bench arms)
 MAX_ROWS = 16
 EXTRA = 2048            # shared memory after the ring: its barriers, the warps' partial sums, the pairs' ids
 
