@@ -336,10 +336,9 @@ def shared_first(eng: Engine, rounds: int) -> None:
 
 
 # the persistent MoE tail per arm: (slot bytes, warps, slots per warp, the next kernel let launch
-# late); in the model the tail lost 3-4x what it lost alone (device calls 74-75): is it the next
-# kernel launched early and resident beside it?
-TAIL_ARMS = {"tail_16k_4x1": (16384, 4, 1, False), "tail_16k_4x1_late": (16384, 4, 1, True),
-             "tail_8k_8x3": (8192, 8, 3, False), "tail_8k_8x3_late": (8192, 8, 3, True)}
+# late). Letting the next kernel launch right after the wait cost the tail 3-4x in the model what
+# it lost alone (device calls 74-77).
+TAIL_ARMS = {"tail_8k_8x3_late": (8192, 8, 3, True), "tail_16k_8x1_late": (16384, 8, 1, True)}
 
 
 def moe_tail(eng: Engine, rounds: int) -> None:
@@ -358,9 +357,8 @@ def moe_tail(eng: Engine, rounds: int) -> None:
             if ring is not None:
                 cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW, cuda_moe_tail.LATE = ring
         return setup
-    first = next(iter(TAIL_ARMS))
-    arms = {"triton": arm(None), **{k: arm(v) for k, v in TAIL_ARMS.items()},
-            "triton_no_pdl": arm(None, False), f"{first}_no_pdl": arm(TAIL_ARMS[first], False)}
+    arms = {"triton": arm(None), **{k: arm(v) for k, v in TAIL_ARMS.items()}}
+    phases = {f"{next(iter(TAIL_ARMS))}_phases{p}": p for p in (1, 2)}   # alone only: where the time goes
     try:
         graph_arms(eng, rounds, "moe_tail", arms, row_counts=(1, 3, 4))
         if DEVICE != "cuda":
@@ -379,8 +377,9 @@ def moe_tail(eng: Engine, rounds: int) -> None:
                 calls.append((x, w, i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si], m.shared_down, x.clone(),
                               torch.zeros(h, device="cuda", dtype=torch.bfloat16), 1e-6))
             graphs = {}
-            for name, setup in arms.items():
-                setup()
+            for name in [*arms, *phases]:
+                (arms[name] if name in arms else arms[next(iter(TAIL_ARMS))])()
+                cuda_moe_tail.PHASES = phases.get(name, 3)
                 for c in calls:
                     cuda_moe.experts_add_norm(*c)
                 _sync()
@@ -403,6 +402,7 @@ def moe_tail(eng: Engine, rounds: int) -> None:
     finally:
         cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW, cuda_moe_tail.LATE = kept
         cuda_launch.enabled = kept_pdl
+        cuda_moe_tail.PHASES = 3
 
 
 def pdl(eng: Engine, rounds: int) -> None:

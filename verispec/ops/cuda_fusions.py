@@ -9,12 +9,14 @@ captured, so a CUDA graph keeps what was set at its capture).
                      one launch (verispec/ops/cuda_norm_router.py): one launch fewer per layer;
                      the router's logits summed in another order than the product's
 
-  MOE_TAIL           the MoE after its router (gate/up, down, the combine with the residual
+  MOE_TAIL           (off unless asked for: still slower than the Triton launches, docs/cuda.md)
+                     the MoE after its router (gate/up, down, the combine with the residual
                      add and the norm) as one persistent CUDA launch instead of three Triton
                      launches (verispec/ops/cuda_moe_tail.py; needs cuda-bindings): its sums
                      run in another order than the Triton kernels'
 
-`VERISPEC_FUSIONS_OFF=all` (or a comma-separated list of names) turns them off at import;
+`VERISPEC_FUSIONS_OFF=all` (or a comma-separated list of names) turns them off at import,
+`VERISPEC_FUSIONS_ON=MOE_TAIL` turns that one on;
 `bench/cuda_bench.py --sections fusions` measures each against the forward without it.
 Three more were built, measured and dropped (docs/cuda.md, "Tried and dropped"): the gated
 norm in the DeltaNet output product's loads, the router in the router product's last program,
@@ -27,4 +29,4 @@ import os
 _off = set(os.environ.get("VERISPEC_FUSIONS_OFF", "").split(","))   # names, or "all"
 LOGITS_IN_PRODUCT = not _off & {"all", "LOGITS_IN_PRODUCT"}
 NORM_ROUTER = not _off & {"all", "NORM_ROUTER"}
-MOE_TAIL = not _off & {"all", "MOE_TAIL"}
+MOE_TAIL = ("MOE_TAIL" in os.environ.get("VERISPEC_FUSIONS_ON", "").split(",")) and not _off & {"all", "MOE_TAIL"}

@@ -30,7 +30,8 @@
 // Compiled at run time by NVRTC (cuda_moe_tail.py) with -D for HD (hidden), ID (expert width),
 // TOPK (routed slots), NE (experts; id NE is the shared expert), SLOT (bytes), WARPS (consumer
 // warps), SPW (slots per consumer warp), EXTRA (bytes after the ring) and LATE (1: the next
-// kernel is let launch only after the second grid barrier, not right after the wait).
+// kernel is let launch only after the second grid barrier, not right after the wait); PHASES
+// (3; 1 or 2 stop after gate/up or down, for timing probes only).
 // No headers: bf16 is handled as its bits.
 
 typedef unsigned short bf16;
@@ -152,7 +153,7 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
     const int P = R * S, NA = P * UA, NB = P * UB;
     const int nA = c < NA ? (NA - 1 - c) / G + 1 : 0;
     const int nB = c < NB ? (NB - 1 - c) / G + 1 : 0;
-    const int T = nA + nB;
+    const int T = nA + (PHASES >= 2 ? nB : 0);
 
     // unit j (this warp's, j % WARPS == warp) into its slot; lane 0 only
     auto issue = [&](int j) {
@@ -234,40 +235,42 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
         }
         grid_sync(ctr, G);        // every pair's act written
 
-        // down: y[pair, n] = d_n . act[pair] (fp32), a unit a warp
-        for (int i = nA + (warp - nA % WARPS + WARPS) % WARPS; i < T; i += WARPS) {   // this warp's: i % WARPS == warp
-            const int slot = slot_of(i);
-            const Unit u = b_unit(c + (i - nA) * G);
-            uint4 av[B_VEC];
-#pragma unroll
-            for (int v = 0; v < B_VEC; ++v)
-                av[v] = __ldcg(reinterpret_cast<const uint4*>(act + (size_t)u.pair * ID + v * 256 + lane * 8));
-            mbar_wait(&full[slot], use_of(i) & 1);
-            const bf16* w = reinterpret_cast<const bf16*>(ring + slot * SLOT);
-            float acc[DN_ROWS];
-#pragma unroll
-            for (int rr = 0; rr < DN_ROWS; ++rr) {
-                acc[rr] = 0.f;
+        if (PHASES >= 2) {      // (a probe's PHASES 1: gate/up and the first barrier only)
+            // down: y[pair, n] = d_n . act[pair] (fp32), a unit a warp
+            for (int i = nA + (warp - nA % WARPS + WARPS) % WARPS; i < T; i += WARPS) {   // this warp's: i % WARPS == warp
+                const int slot = slot_of(i);
+                const Unit u = b_unit(c + (i - nA) * G);
+                uint4 av[B_VEC];
 #pragma unroll
                 for (int v = 0; v < B_VEC; ++v)
-                    acc[rr] = dot8(*reinterpret_cast<const uint4*>(w + rr * ID + v * 256 + lane * 8), av[v], acc[rr]);
-            }
-            __syncwarp();        // the slot read: its next unit (this warp's) may overwrite it
-            if (lane == 0 && i + STAGES < T) issue(i + STAGES);
-            float mine = 0.f;
+                    av[v] = __ldcg(reinterpret_cast<const uint4*>(act + (size_t)u.pair * ID + v * 256 + lane * 8));
+                mbar_wait(&full[slot], use_of(i) & 1);
+                const bf16* w = reinterpret_cast<const bf16*>(ring + slot * SLOT);
+                float acc[DN_ROWS];
 #pragma unroll
-            for (int rr = 0; rr < DN_ROWS; ++rr) {
-                const float t = warp_sum(acc[rr]);
-                if (lane == rr) mine = t;
+                for (int rr = 0; rr < DN_ROWS; ++rr) {
+                    acc[rr] = 0.f;
+#pragma unroll
+                    for (int v = 0; v < B_VEC; ++v)
+                        acc[rr] = dot8(*reinterpret_cast<const uint4*>(w + rr * ID + v * 256 + lane * 8), av[v], acc[rr]);
+                }
+                __syncwarp();        // the slot read: its next unit (this warp's) may overwrite it
+                if (lane == 0 && i + STAGES < T) issue(i + STAGES);
+                float mine = 0.f;
+#pragma unroll
+                for (int rr = 0; rr < DN_ROWS; ++rr) {
+                    const float t = warp_sum(acc[rr]);
+                    if (lane == rr) mine = t;
+                }
+                if (lane < DN_ROWS) __stcg(y + (size_t)u.pair * HD + u.block * DN_ROWS + lane, mine);
             }
-            if (lane < DN_ROWS) __stcg(y + (size_t)u.pair * HD + u.block * DN_ROWS + lane, mine);
+            grid_sync(ctr, 2 * G);    // every pair's y written
+            if (pdl && LATE) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
         }
-        grid_sync(ctr, 2 * G);    // every pair's y written
-        if (pdl && LATE) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
         // combine (CTA r for row r): the routed slots in slot order, the shared expert, the
         // residual add and the norm, each rounding as cuda_moe._combine rounds
-        if (c < R) {
+        if (PHASES >= 3 && c < R) {
             const int r = c;
             const float sg = __ldcg(top_w + r * S + TOPK);
             float sm[NCH][8];
