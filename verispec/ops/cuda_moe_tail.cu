@@ -30,8 +30,8 @@
 // Memory: x, resid and the weights were written before the router product's launch (read through
 // the read-only cache); the logits are the launch's just before (this kernel may start while it
 // runs: read at L2 after griddepcontrol.wait); act and y are written by other CTAs of this launch
-// (stored and read at L2, ordered by the counters: release by a fence and an atomic add, acquire
-// by the poll). Nothing is written before the wait (the outputs may reuse memory the kernels
+// (stored and read at L2, ordered by the counters: each storing thread's release add, the
+// reader's acquire poll). Nothing is written before the wait (the outputs may reuse memory the kernels
 // before still read).
 //
 // Compiled at run time by NVRTC (cuda_moe_tail.py) with -D for HD (hidden), ID (expert width),
@@ -59,8 +59,8 @@ static_assert(HD % 8 == 0, "the combine reads 8 contiguous elements at a time");
 constexpr int EPL = NE / 32;                         // router: experts per lane
 static_assert(NE % 32 == 0 && EPL <= 32 && TOPK <= 32, "the router's warp");
 static_assert(STAGES * 8 + 4 * WARPS + 8 * MAX_PAIRS <= EXTRA, "the shared memory after the ring");
-// the counters (ctr): [0] CTAs done; [1 + p] gate/up units done of pair p; [1 + MAX_PAIRS + r]
-// down units done of row r's pairs; every launch puts them back to zero
+// the counters (ctr): [0] CTAs done; [1 + p] act values out of pair p; [1 + MAX_PAIRS + r] y values
+// out of row r's pairs; every launch puts them back to zero
 constexpr int CTR_A = 1, CTR_B = 1 + MAX_PAIRS, CTR_N = 1 + MAX_PAIRS + 16;
 
 __device__ __forceinline__ float lo(unsigned v) { return __uint_as_float(v << 16); }
@@ -130,7 +130,12 @@ __device__ __forceinline__ float logit(const void* lg, int split, int rs, int ss
     return round_bf(a);
 }
 
+__device__ __forceinline__ u64 pick_key(float p, int e) {   // larger key: larger p, then lower id
+    return ((u64)__float_as_uint(p) << 32) | (unsigned)(NE - 1 - e);
+}
+
 __device__ void route_row(const void* lg, int split, int rs, int ss, int r, int lane, int* ids, float* wts) {
+    const float g = lane == 0 ? logit(lg, split, rs, ss, r, NE) : 0.f;
     float p[EPL];
     float mx = __int_as_float(0xff800000);   // -inf
 #pragma unroll
@@ -147,17 +152,17 @@ __device__ void route_row(const void* lg, int split, int rs, int ss, int r, int 
         sum += p[k];
     }
     sum = warp_sum(sum);
-    unsigned taken = 0;
+    u64 mine = 0;                            // this lane's best key not yet taken
+#pragma unroll
+    for (int k = 0; k < EPL; ++k) {
+        p[k] = p[k] / sum;
+        const u64 key = pick_key(p[k], lane + 32 * k);
+        mine = key > mine ? key : mine;
+    }
     float picked = 0.f, wsum = 0.f;
     int pid = 0;
     for (int j = 0; j < TOPK; ++j) {
-        u64 best = 0;
-#pragma unroll
-        for (int k = 0; k < EPL; ++k) {
-            const int e = lane + 32 * k;
-            const u64 key = ((u64)__float_as_uint(p[k] / sum) << 32) | (unsigned)(NE - 1 - e);
-            if (!(taken >> k & 1u) && key > best) best = key;
-        }
+        u64 best = mine;
 #pragma unroll
         for (int o = 16; o >= 1; o >>= 1) {
             const u64 other = __shfl_xor_sync(0xffffffffu, best, o);
@@ -165,7 +170,14 @@ __device__ void route_row(const void* lg, int split, int rs, int ss, int r, int 
         }
         const int e = NE - 1 - (int)(best & 0xffffffffu);
         const float w = __uint_as_float((unsigned)(best >> 32));
-        if ((e & 31) == lane) taken |= 1u << (e >> 5);
+        if (best == mine) {                  // this lane's expert was picked: its next best
+            mine = 0;
+#pragma unroll
+            for (int k = 0; k < EPL; ++k) {
+                const u64 key = pick_key(p[k], lane + 32 * k);
+                if (key < best && key > mine) mine = key;
+            }
+        }
         if (lane == j) { picked = w; pid = e; }
         wsum += w;                               // in pick order, the same in every lane
     }
@@ -174,10 +186,14 @@ __device__ void route_row(const void* lg, int split, int rs, int ss, int r, int 
         wts[r * S + lane] = NORM_TOPK ? picked / wsum : picked;
     }
     if (lane == 0) {
-        const float g = logit(lg, split, rs, ss, r, NE);
         ids[r * S + TOPK] = NE;
         wts[r * S + TOPK] = round_bf(1.f / (1.f + expf(-g)));
     }
+}
+
+// count one more unit done (release: the caller's stores before it are seen by whoever acquires)
+__device__ __forceinline__ void count_done(unsigned* p) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(p) : "memory");
 }
 
 // unit i: warp i % WARPS, in that warp's slots in turn; use = how many units the slot had before
@@ -301,11 +317,7 @@ moe_tail(const void* logits, int split, int lrs, int lss, const bf16* __restrict
             for (int rr = 1; rr < GU_ROWS; ++rr)
                 if (lane == rr) { g = acc[rr]; up = acc[GU_ROWS + rr]; }
             act[(size_t)u.pair * ID + u.block * GU_ROWS + lane] = f2bf(g / (1.f + expf(-g)) * up);
-        }
-        __syncwarp();
-        if (lane == 0) {          // this unit's act is out: count it for the pair's down units
-            __threadfence();
-            atomicAdd(ctr + CTR_A + u.pair, 1u);
+            count_done(ctr + CTR_A + u.pair);    // each act value out, counted for the pair's down units
         }
     }
 
@@ -314,7 +326,7 @@ moe_tail(const void* logits, int split, int lrs, int lss, const bf16* __restrict
         for (int i = nA + (warp - nA % WARPS + WARPS) % WARPS; i < T; i += WARPS) {   // i % WARPS == warp
             const int slot = slot_of(i);
             const Unit u = b_unit(c + (i - nA) * G);
-            if (lane == 0) wait_count(ctr + CTR_A + u.pair, UA);
+            if (lane == 0) wait_count(ctr + CTR_A + u.pair, ID);
             __syncwarp();
             uint4 av[B_VEC];
 #pragma unroll
@@ -338,11 +350,9 @@ moe_tail(const void* logits, int split, int lrs, int lss, const bf16* __restrict
                 const float t = warp_sum(acc[rr]);
                 if (lane == rr) mine = t;
             }
-            if (lane < DN_ROWS) __stcg(y + (size_t)u.pair * HD + u.block * DN_ROWS + lane, mine);
-            __syncwarp();
-            if (lane == 0) {
-                __threadfence();
-                atomicAdd(ctr + CTR_B + u.row, 1u);
+            if (lane < DN_ROWS) {
+                __stcg(y + (size_t)u.pair * HD + u.block * DN_ROWS + lane, mine);
+                count_done(ctr + CTR_B + u.row);  // each y value out, counted for the row's combine
             }
         }
     }
@@ -353,7 +363,7 @@ moe_tail(const void* logits, int split, int lrs, int lss, const bf16* __restrict
     // order, the shared expert, the residual add and the norm, each rounding as cuda_moe._combine
     if (PHASES >= 3 && c < R) {
         const int r = c;
-        if (tid == 0) wait_count(ctr + CTR_B + r, S * UB);
+        if (tid == 0) wait_count(ctr + CTR_B + r, S * HD);
         __syncthreads();
         const float sg = wts[r * S + TOPK];
         float sm[NCH][8];
