@@ -20,9 +20,9 @@ arms interleaved within a round):
              logits differ)
   shared_first  the same (1, 3 and 4 rows), with the shared expert's gate/up programs not waiting
              for the router, and with every program waiting
-  moe_tail   the same (1, 3 and 4 rows), the MoE after its router product as one persistent
-             launch (cuda_fusions.MOE_TAIL) against the four Triton launches; then each alone,
-             every layer's MoE in one graph
+  moe_tail   the same (1, 3 and 4 rows), the MoE after its router as one persistent launch
+             (cuda_fusions.MOE_TAIL) against the three Triton launches; then each alone, every
+             layer's MoE tail in one graph
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -335,28 +335,30 @@ def shared_first(eng: Engine, rounds: int) -> None:
                row_counts=(1, 3, 4))
 
 
-# the persistent MoE tail per arm: (slot bytes, warps, slots per warp)
-TAIL_ARMS = {"tail_8k_8x3": (8192, 8, 3), "tail_16k_8x1": (16384, 8, 1)}
+# the persistent MoE tail per arm: (slot bytes, warps, slots per warp, the next kernel let launch
+# late). Letting the next kernel launch right after the wait cost the tail 3-4x in the model what
+# it lost alone (device calls 74-77).
+TAIL_ARMS = {"tail_8k_8x3_late": (8192, 8, 3, True), "tail_16k_8x1_late": (16384, 8, 1, True)}
 
 
 def moe_tail(eng: Engine, rounds: int) -> None:
-    """The persistent MoE tail (verispec/ops/cuda_moe_tail.py: the router, gate/up, down and the
-    combine in one launch), with each ring of TAIL_ARMS, against the Triton launches: in the
-    graphed forward (1, 3, 4 rows), and alone (every layer's MoE after random router logits, one
-    graph per arm; the first ring also stopped after gate/up and after down: where the time goes)."""
-    from verispec.ops import cuda_fusions, cuda_moe, cuda_moe_tail
+    """The persistent MoE tail (verispec/ops/cuda_moe_tail.py), with each ring of TAIL_ARMS, against
+    the Triton launches: in the graphed forward (1, 3, 4 rows) and alone (every layer's tail after
+    random routing, one graph per arm)."""
+    from verispec.ops import cuda_fusions, cuda_launch, cuda_moe, cuda_moe_tail
 
-    kept = cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW
+    kept_pdl = cuda_launch.enabled
+    kept = cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW, cuda_moe_tail.LATE
 
-    def arm(ring):
+    def arm(ring, pdl=True):
         def setup():
+            cuda_launch.enabled = pdl
             cuda_fusions.MOE_TAIL = ring is not None
             if ring is not None:
-                cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW = ring
+                cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW, cuda_moe_tail.LATE = ring
         return setup
     arms = {"triton": arm(None), **{k: arm(v) for k, v in TAIL_ARMS.items()}}
-    first = next(iter(TAIL_ARMS))
-    phases = {f"{first}_phases{p}": p for p in (1, 2)}
+    phases = {f"{next(iter(TAIL_ARMS))}_phases{p}": p for p in (1, 2)}   # alone only: where the time goes
     try:
         graph_arms(eng, rounds, "moe_tail", arms, row_counts=(1, 3, 4))
         if DEVICE != "cuda":
@@ -370,21 +372,21 @@ def moe_tail(eng: Engine, rounds: int) -> None:
             for m in layers:
                 e, si = m.n_experts, m.shared_inter
                 logits = (torch.randn(rows, 264, device="cuda") * 2).to(torch.bfloat16)
+                w, i = cuda_moe.route_shared(logits, rows, e, m.top_k, m.norm_topk)
                 x = torch.randn(rows, h, device="cuda").to(torch.bfloat16)
-                calls.append((logits, rows, x, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si], m.shared_down,
-                              x.clone(), torch.zeros(h, device="cuda", dtype=torch.bfloat16), 1e-6, m.top_k,
-                              m.norm_topk))
+                calls.append((x, w, i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si], m.shared_down, x.clone(),
+                              torch.zeros(h, device="cuda", dtype=torch.bfloat16), 1e-6))
             graphs = {}
             for name in [*arms, *phases]:
-                arms.get(name, arms[first])()
+                (arms[name] if name in arms else arms[next(iter(TAIL_ARMS))])()
                 cuda_moe_tail.PHASES = phases.get(name, 3)
                 for c in calls:
-                    cuda_moe.route_experts_add_norm(*c)
+                    cuda_moe.experts_add_norm(*c)
                 _sync()
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):
                     for c in calls:
-                        cuda_moe.route_experts_add_norm(*c)
+                        cuda_moe.experts_add_norm(*c)
                 graphs[name] = g
             times = {k: [] for k in graphs}
             for r in range(-2, 4 * rounds):
@@ -398,7 +400,8 @@ def moe_tail(eng: Engine, rounds: int) -> None:
                 f"{k} {med[k]:.2f} us [{min(times[k]) * 1e6:.2f}-{max(times[k]) * 1e6:.2f}]" for k in med))
         RESULTS["moe_tail_alone"] = out
     finally:
-        cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW = kept
+        cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW, cuda_moe_tail.LATE = kept
+        cuda_launch.enabled = kept_pdl
         cuda_moe_tail.PHASES = 3
 
 

@@ -35,74 +35,65 @@ def tail_restored():
 
 def _moe_case(seed=5):
     torch.manual_seed(seed)
-    e, inter, h = 256, 512, 2048
+    e, inter, h, k = 256, 512, 2048, 8
     pre = _rand(1288, h) * h ** -0.5 * 4
-    return dict(hx=_rand(16, h), router=pre[:264], gu_all=_rand(e, 2 * inter, h) * h ** -0.5,
-                down_all=_rand(e, h, inter) * inter ** -0.5, shared_gu=pre[e + 1:e + 1 + 2 * inter],
-                shared_down=_rand(h, inter) * inter ** -0.5, resid=_rand(16, h), norm_w=_rand(h) * 0.1)
+    router, sgu = pre[:264], pre[e + 1:e + 1 + 2 * inter]
+    hx, resid = _rand(16, h), _rand(16, h)
+    gu, dn = _rand(e, 2 * inter, h) * h ** -0.5, _rand(e, h, inter) * inter ** -0.5
+    sdown, nw = _rand(h, inter) * inter ** -0.5, _rand(h) * 0.1
+    w, i = cuda_moe.route_shared(cuda_gemv.linear_rows(hx, router, partials=True), 16, e, k, True)
+    return dict(x=hx, top_w=w, top_i=i, gu_all=gu, down_all=dn, shared_gu=sgu, shared_down=sdown,
+                resid=resid, norm_w=nw)
 
 
-def _tail(case, m, partials=False):
-    logits = cuda_gemv.linear_rows(case["hx"][:m], case["router"], partials=partials)
-    return cuda_moe_tail.route_experts_add_norm(logits, m, case["hx"][:m], case["gu_all"], case["down_all"],
-                                                case["shared_gu"], case["shared_down"], case["resid"][:m],
-                                                case["norm_w"], 1e-6, 8, True)
+def _rows(case, m):
+    return {k: (v[:m] if k in ("x", "top_w", "top_i", "resid") else v) for k, v in case.items()}
 
 
 @needs_bindings
 @pytest.mark.parametrize("ring", [None, (16384, 8, 1)])
 def test_moe_tail_rows_graph_reference_and_triton(tail_restored, monkeypatch, ring):
-    """Each ring (the default, and 16 KiB slots, 8 warps, one each), from bf16 logits and from
-    split-K partials: every row count bit for bit against 16 rows (routing included), a CUDA
-    graph's replays equal to eager, the routing against the Triton router's, the result against
-    torch in fp32 and against the Triton launches given the same routing."""
+    """Each ring (the default, and 16 KiB slots, 8 warps, one each): rows, graph, torch, Triton."""
     if ring is not None:
         for name, v in zip(("SLOT", "WARPS", "SPW"), ring):
             monkeypatch.setattr(cuda_moe_tail, name, v)
     case = _moe_case()
-    k = 8
-    for partials in (False, True):
-        logits = cuda_gemv.linear_rows(case["hx"], case["router"], partials=partials)
-        assert cuda_moe_tail.fits(logits, 16, case["hx"], case["gu_all"], case["down_all"], case["shared_gu"],
-                                  case["shared_down"], case["resid"], case["norm_w"], k)
-        full = _tail(case, 16, partials)
-        ctr = cuda_moe_tail._counters[torch.cuda.current_device()]
-        assert torch.equal(ctr, torch.zeros_like(ctr))     # the counters put back
-        for m in ROWS:
-            got = _tail(case, m, partials)
-            assert all(torch.equal(g, f[:m]) for g, f in zip(got, full)), (partials, m)
-        s, y, w, i = full
-        # the Triton router on the same logits: the same experts up to near ties, the same weights
-        w3, i3 = cuda_moe.route_shared(logits, 16, 256, k, True)
-        assert (i3 == i).float().mean() > 0.95 and (i[:, k] == 256).all()
-        assert torch.allclose(w3[i3 == i], w[i3 == i], atol=1e-3)
-        # the Triton launches given this routing: the same sums in other orders
-        cuda_fusions.MOE_TAIL = False
-        s3, y3 = cuda_moe.experts_add_norm(case["hx"], w, i, case["gu_all"], case["down_all"], case["shared_gu"],
-                                           case["shared_down"], case["resid"], case["norm_w"], 1e-6)
-        assert (s.float() - s3.float()).norm() / s3.float().norm() < 4e-3
-        assert (y.float() - y3.float()).norm() / y3.float().norm() < 4e-3
-    # torch in fp32, from the kernel's routing
-    hf = case["hx"].float()
-    routed = cuda_moe._routed_experts_torch(case["hx"], w[:, :k], i[:, :k].long(), case["gu_all"],
-                                            case["down_all"]).float()
-    inter = case["shared_gu"].shape[0] // 2
-    g_u = hf @ case["shared_gu"].float().T
-    shared = (F.silu(g_u[:, :inter]) * g_u[:, inter:]) @ case["shared_down"].float().T
-    s_ref = case["resid"].float() + routed + w[:, k:] * shared
-    y_ref = s_ref * torch.rsqrt(s_ref.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + case["norm_w"].float())
-    assert (s.float() - s_ref).norm() / s_ref.norm() < 1e-2
-    assert (y.float() - y_ref).norm() / y_ref.norm() < 1e-2
+    assert cuda_moe_tail.fits(**case)                  # the persistent kernel runs, not the fallback
+    full = cuda_moe_tail.experts_add_norm(**case, eps=1e-6)
+    ctr = cuda_moe_tail._counters[torch.cuda.current_device()]
+    assert torch.equal(ctr, torch.zeros_like(ctr))     # the grid barrier's counters put back
+    for m in ROWS:
+        got = cuda_moe_tail.experts_add_norm(**_rows(case, m), eps=1e-6)
+        assert all(torch.equal(g, f[:m]) for g, f in zip(got, full)), m
     # in a CUDA graph (with PDL, as the model captures it), replayed twice
-    _tail(case, 3)
+    sub = _rows(case, 3)
+    cuda_moe_tail.experts_add_norm(**sub, eps=1e-6)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        graphed = _tail(case, 3)
+        graphed = cuda_moe_tail.experts_add_norm(**sub, eps=1e-6)
     for _ in range(2):
         g.replay()
         torch.cuda.synchronize()
         assert all(torch.equal(a, b[:3]) for a, b in zip(graphed, full))
+    # torch in fp32, from the same routing
+    s, y = full
+    k = case["top_i"].shape[1] - 1
+    hf = case["x"].float()
+    routed = cuda_moe._routed_experts_torch(case["x"], case["top_w"][:, :k], case["top_i"][:, :k].long(),
+                                            case["gu_all"], case["down_all"]).float()
+    inter = case["shared_gu"].shape[0] // 2
+    g_u = hf @ case["shared_gu"].float().T
+    shared = (F.silu(g_u[:, :inter]) * g_u[:, inter:]) @ case["shared_down"].float().T
+    s_ref = case["resid"].float() + routed + case["top_w"][:, k:] * shared
+    y_ref = s_ref * torch.rsqrt(s_ref.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + case["norm_w"].float())
+    assert (s.float() - s_ref).norm() / s_ref.norm() < 1e-2
+    assert (y.float() - y_ref).norm() / y_ref.norm() < 1e-2
+    # the three Triton launches it replaces: the same sums in other orders
+    cuda_fusions.MOE_TAIL = False
+    s3, y3 = cuda_moe.experts_add_norm(**case, eps=1e-6)
+    assert (s.float() - s3.float()).norm() / s3.float().norm() < 4e-3
+    assert (y.float() - y3.float()).norm() / y3.float().norm() < 4e-3
 
 
 @needs_bindings

@@ -619,8 +619,9 @@ class Model:
         else:
             split = cuda_gemv.splits(*reversed(router.shape))
             logits = cuda_gemv.linear_rows(h, router, partials=split)   # split: the partials, summed by the router
-        return cuda_moe.route_experts_add_norm(logits, h.shape[0], h, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si],
-                                               m.shared_down, x, norm_w, eps, m.top_k, m.norm_topk)
+        top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk)
+        return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si],
+                                         m.shared_down, x, norm_w, eps)
 
     def moe(self, m: MoE, h, lin, exact):
         exact = policy(exact)

@@ -352,6 +352,10 @@ def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, 
     h = gu_all.shape[2]
     if shared_gu.shape != gu_all.shape[1:] or shared_down.shape != down_all.shape[1:]:
         raise ValueError("the shared expert's widths must equal the routed experts'")
+    if cuda_fusions.MOE_TAIL and cuda_moe_tail.fits(x, top_w, top_i, gu_all, down_all, shared_gu, shared_down,
+                                                     resid, norm_w):
+        return cuda_moe_tail.experts_add_norm(x, top_w, top_i, gu_all, down_all, shared_gu, shared_down, resid,
+                                              norm_w, eps)
     x = x.contiguous()
     y = _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down)
     s, out = torch.empty(rows, h, dtype=x.dtype, device=x.device), torch.empty(rows, h, dtype=x.dtype, device=x.device)
@@ -361,22 +365,6 @@ def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, 
                         BLOCK=triton.next_power_of_2(h), num_warps=CONFIG["combine_norm"], num_stages=1,
                         **cuda_launch.flags(y.device))
     return s, out
-
-
-def route_experts_add_norm(logits: torch.Tensor, rows: int, x: torch.Tensor, gu_all: torch.Tensor,
-                           down_all: torch.Tensor, shared_gu: torch.Tensor, shared_down: torch.Tensor,
-                           resid: torch.Tensor, norm_w: torch.Tensor, eps: float, top_k: int,
-                           norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The MoE after its router product, and the residual add with the next norm: route_shared
-    then experts_add_norm (four launches), or with cuda_fusions.MOE_TAIL the one persistent launch
-    of cuda_moe_tail where it fits. logits: the router product's output (route_shared's x).
-    -> (resid + moe(x), ZC-norm of it with norm_w)."""
-    if cuda_fusions.MOE_TAIL and cuda_moe_tail.fits(logits, rows, x, gu_all, down_all, shared_gu, shared_down,
-                                                     resid, norm_w, top_k):
-        return cuda_moe_tail.route_experts_add_norm(logits, rows, x, gu_all, down_all, shared_gu, shared_down,
-                                                    resid, norm_w, eps, top_k, norm_topk)[:2]
-    top_w, top_i = route_shared(logits, rows, gu_all.shape[0], top_k, norm_topk)
-    return experts_add_norm(x, top_w, top_i, gu_all, down_all, shared_gu, shared_down, resid, norm_w, eps)
 
 
 def _routed_experts_torch(x, top_w, top_i, gu_all, down_all):
