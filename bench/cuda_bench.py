@@ -299,7 +299,7 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)
         restore()
 
 
-FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER", "MOE_TAIL")
+FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER")   # on by default; MOE_TAIL (off) has its own section
 
 
 def _launch_options():

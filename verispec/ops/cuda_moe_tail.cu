@@ -10,10 +10,12 @@
 // run. Each warp takes whole units (unit i by warp i % WARPS; no block-wide barrier per unit)
 // through its own SPW slots: once it has read a slot it requests its next unit into it. (With
 // slots shared by warps a fast warp could pass a barrier phase of the wrong parity and read a
-// slot before its bytes: an illegal-instruction fault, device call 73; a producer warp issuing
-// every warp's units in order stalled on the slowest warp.) The shared expert's gate/up
-// units are requested before griddepcontrol.wait: weights never change, and its id is fixed
-// (slot TOPK of every row, id NE).
+// slot before its bytes: an illegal-instruction fault, device calls 71-74; a producer warp
+// issuing every warp's units in order stalled on the slowest warp, calls 75-76.) The shared
+// expert's gate/up units are requested before griddepcontrol.wait: weights never change, and
+// its id is fixed (slot TOPK of every row, id NE). The next kernel is let launch only after the
+// second grid barrier (LATE): launched right after the wait, its programs sat resident beside
+// these and the forward lost 3-4x what this kernel lost alone (device call 78).
 //
 // Exactness: a unit (one pair's GU_ROWS gate and up rows, or DN_ROWS down rows) is computed
 // by one warp in one fixed order (each lane's elements in order, then a fixed butterfly across

@@ -8,7 +8,9 @@ a ring of shared-memory slots filled by bulk async copies, with a grid barrier b
 phases (cuda_moe_tail.cu says how rows stay invariant). It is CUDA C++, compiled at run time
 by NVRTC and launched through the driver with programmatic dependent launch, both from
 `cuda-bindings` (`pip install cuda-bindings`, the `cuda` extra); without it, or for a shape it
-does not take (`fits`), the Triton kernels run. Switched by cuda_fusions.MOE_TAIL.
+does not take (`fits`), the Triton kernels run. Switched by cuda_fusions.MOE_TAIL, off by
+default: in the graphed 40-layer forward it is still 1.02x (one row) to 1.05-1.09x (three, four
+rows) slower than the Triton launches (device call 79, docs/cuda.md).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ except ImportError:  # pragma: no cover - an optional dependency
 # the ring (bench/cuda_bench.py --sections moe_tail compares choices): bytes a slot holds (one
 # unit of weights), warps a CTA, slots per warp
 SLOT, WARPS, SPW = 8192, 8, 3
-LATE = True             # the next kernel let launch only after the second grid barrier (device call 77)
+LATE = True             # the next kernel let launch only after the second grid barrier (device call 78)
 PHASES = 3              # 1, 2: stop after gate/up or down (timing probes; the outputs are then not the MoE's)
 MAX_ROWS = 16
 EXTRA = 2048            # shared memory after the ring: its barriers, the warps' partial sums, the pairs' ids
