@@ -342,7 +342,7 @@ def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, 
                      down_all: torch.Tensor, shared_gu: torch.Tensor, shared_down: torch.Tensor,
                      resid: torch.Tensor, norm_w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole MoE after the router, and the residual add with the next norm, in three
-    launches. top_w, top_i [R, K + 1] from route_shared (slot K: the shared expert, id E);
+    launches (or, with cuda_fusions.MOE_TAIL where cuda_moe_tail fits, one). top_w, top_i [R, K + 1] from route_shared (slot K: the shared expert, id E);
     shared_gu [2I, H] and shared_down [H, I] (the shared expert's weights, any storage: its
     pairs read them in place of an expert's); resid [R, H] the residual stream. x must be
     written before the launch that made top_i: the shared expert's programs read it before
