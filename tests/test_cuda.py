@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 
+from cuda_cases import moe_case  # noqa: E402
 from exact_matrix import check_matrix  # noqa: E402
 from model_fixtures import REPEAT_PROMPT, fixture_dir  # noqa: E402
 
@@ -380,12 +381,7 @@ def test_router_partials_and_fused_moe_rows_and_reference():
     expert among them, the combine with the residual add and the norm; every row count
     against the full launch bit for bit, and the result against torch in fp32."""
     from verispec.ops import cuda_gemv
-    e, inter, h, k = 256, 512, 2048, 8
-    pre = _rand(1288, h) * h ** -0.5 * 4
-    router, sgu = pre[:264], pre[e + 1:e + 1 + 2 * inter]
-    hx, resid = _rand(16, h), _rand(16, h)
-    gu, dn = _rand(e, 2 * inter, h) * h ** -0.5, _rand(e, h, inter) * inter ** -0.5
-    sdown, nw = _rand(h, inter) * inter ** -0.5, _rand(h) * 0.1
+    e, inter, h, k, router, sgu, hx, resid, gu, dn, sdown, nw = moe_case()
 
     def run(m):
         parts = cuda_gemv.linear_rows(hx[:m], router, partials=True)

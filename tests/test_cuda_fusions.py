@@ -7,6 +7,7 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 
+from cuda_cases import moe_case  # noqa: E402
 from model_fixtures import REPEAT_PROMPT  # noqa: E402
 
 from verispec.engine import Engine  # noqa: E402
@@ -66,12 +67,7 @@ def test_shared_expert_first_moves_no_bit(shared_first_restored):
     program waiting, bit for bit, for every row count, right after the router's launch."""
     cuda_moe = shared_first_restored
     from verispec.ops import cuda_gemv
-    e, inter, h, k = 256, 512, 2048, 8
-    pre = _rand(1288, h) * h ** -0.5 * 4
-    router, sgu = pre[:264], pre[e + 1:e + 1 + 2 * inter]
-    hx, resid = _rand(16, h), _rand(16, h)
-    gu, dn = _rand(e, 2 * inter, h) * h ** -0.5, _rand(e, h, inter) * inter ** -0.5
-    sdown, nw = _rand(h, inter) * inter ** -0.5, _rand(h) * 0.1
+    e, inter, h, k, router, sgu, hx, resid, gu, dn, sdown, nw = moe_case()
     for m in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16):
         got = {}
         for first in (True, False):

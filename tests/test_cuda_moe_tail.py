@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 
+from cuda_cases import moe_case  # noqa: E402
 from test_cuda_fusions import _decode_and_verify  # noqa: E402
 
 from verispec.engine import Engine  # noqa: E402
@@ -35,12 +36,7 @@ def tail_restored():
 
 def _moe_case(seed=5):
     torch.manual_seed(seed)
-    e, inter, h, k = 256, 512, 2048, 8
-    pre = _rand(1288, h) * h ** -0.5 * 4
-    router, sgu = pre[:264], pre[e + 1:e + 1 + 2 * inter]
-    hx, resid = _rand(16, h), _rand(16, h)
-    gu, dn = _rand(e, 2 * inter, h) * h ** -0.5, _rand(e, h, inter) * inter ** -0.5
-    sdown, nw = _rand(h, inter) * inter ** -0.5, _rand(h) * 0.1
+    e, inter, h, k, router, sgu, hx, resid, gu, dn, sdown, nw = moe_case()
     w, i = cuda_moe.route_shared(cuda_gemv.linear_rows(hx, router, partials=True), 16, e, k, True)
     return dict(x=hx, top_w=w, top_i=i, gu_all=gu, down_all=dn, shared_gu=sgu, shared_down=sdown,
                 resid=resid, norm_w=nw)

@@ -73,6 +73,19 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
     return acc;
 }
 
+// acc[r] = row r of the slot w [ROWS, LEN] . the operand v (lane's 8-element pieces q * 256 + lane * 8),
+// each lane's pieces in order (the warp's butterfly comes after)
+template <int ROWS, int VEC, int LEN>
+__device__ __forceinline__ void dot_rows(const bf16* w, const uint4* v, int lane, float* acc) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        acc[r] = 0.f;
+#pragma unroll
+        for (int q = 0; q < VEC; ++q)
+            acc[r] = dot8(*reinterpret_cast<const uint4*>(w + r * LEN + q * 256 + lane * 8), v[q], acc[r]);
+    }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {   // a fixed butterfly: every lane gets the same sum
     v += __shfl_xor_sync(0xffffffffu, v, 16);
     v += __shfl_xor_sync(0xffffffffu, v, 8);
@@ -216,13 +229,7 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
             mbar_wait(&full[slot], use_of(i) & 1);
             const bf16* w = reinterpret_cast<const bf16*>(ring + slot * SLOT);
             float acc[2 * GU_ROWS];
-#pragma unroll
-            for (int rr = 0; rr < 2 * GU_ROWS; ++rr) {
-                acc[rr] = 0.f;
-#pragma unroll
-                for (int v = 0; v < A_VEC; ++v)
-                    acc[rr] = dot8(*reinterpret_cast<const uint4*>(w + rr * HD + v * 256 + lane * 8), xv[v], acc[rr]);
-            }
+            dot_rows<2 * GU_ROWS, A_VEC, HD>(w, xv, lane, acc);
             __syncwarp();        // the slot read: its next unit (this warp's) may overwrite it
             if (lane == 0 && i + STAGES < T) issue(i + STAGES);
 #pragma unroll
@@ -249,13 +256,7 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
                 mbar_wait(&full[slot], use_of(i) & 1);
                 const bf16* w = reinterpret_cast<const bf16*>(ring + slot * SLOT);
                 float acc[DN_ROWS];
-#pragma unroll
-                for (int rr = 0; rr < DN_ROWS; ++rr) {
-                    acc[rr] = 0.f;
-#pragma unroll
-                    for (int v = 0; v < B_VEC; ++v)
-                        acc[rr] = dot8(*reinterpret_cast<const uint4*>(w + rr * ID + v * 256 + lane * 8), av[v], acc[rr]);
-                }
+                dot_rows<DN_ROWS, B_VEC, ID>(w, av, lane, acc);
                 __syncwarp();        // the slot read: its next unit (this warp's) may overwrite it
                 if (lane == 0 && i + STAGES < T) issue(i + STAGES);
                 float mine = 0.f;
