@@ -335,27 +335,23 @@ def shared_first(eng: Engine, rounds: int) -> None:
                row_counts=(1, 3, 4))
 
 
-# the persistent MoE tail per arm: (slot bytes, warps, slots per warp, the next kernel let launch
-# late). Letting the next kernel launch right after the wait cost the tail 3-4x in the model what
-# it lost alone (device calls 74-77).
-TAIL_ARMS = {"tail_8k_8x3_late": (8192, 8, 3, True), "tail_16k_8x1_late": (16384, 8, 1, True)}
+# the persistent MoE tail per arm: (slot bytes, warps, slots per warp)
+TAIL_ARMS = {"tail_8k_8x3": (8192, 8, 3), "tail_16k_8x1": (16384, 8, 1)}
 
 
 def moe_tail(eng: Engine, rounds: int) -> None:
     """The persistent MoE tail (verispec/ops/cuda_moe_tail.py), with each ring of TAIL_ARMS, against
     the Triton launches: in the graphed forward (1, 3, 4 rows) and alone (every layer's tail after
     random routing, one graph per arm)."""
-    from verispec.ops import cuda_fusions, cuda_launch, cuda_moe, cuda_moe_tail
+    from verispec.ops import cuda_fusions, cuda_moe, cuda_moe_tail
 
-    kept_pdl = cuda_launch.enabled
-    kept = cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW, cuda_moe_tail.LATE
+    kept = cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW
 
-    def arm(ring, pdl=True):
+    def arm(ring):
         def setup():
-            cuda_launch.enabled = pdl
             cuda_fusions.MOE_TAIL = ring is not None
             if ring is not None:
-                cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW, cuda_moe_tail.LATE = ring
+                cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW = ring
         return setup
     arms = {"triton": arm(None), **{k: arm(v) for k, v in TAIL_ARMS.items()}}
     phases = {f"{next(iter(TAIL_ARMS))}_phases{p}": p for p in (1, 2)}   # alone only: where the time goes
@@ -400,8 +396,7 @@ def moe_tail(eng: Engine, rounds: int) -> None:
                 f"{k} {med[k]:.2f} us [{min(times[k]) * 1e6:.2f}-{max(times[k]) * 1e6:.2f}]" for k in med))
         RESULTS["moe_tail_alone"] = out
     finally:
-        cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW, cuda_moe_tail.LATE = kept
-        cuda_launch.enabled = kept_pdl
+        cuda_fusions.MOE_TAIL, cuda_moe_tail.SLOT, cuda_moe_tail.WARPS, cuda_moe_tail.SPW = kept
         cuda_moe_tail.PHASES = 3
 
 

@@ -17,14 +17,9 @@ from verispec.execution import Execution  # noqa: E402
 from verispec.ops import cuda_fusions, cuda_gemv, cuda_moe, cuda_moe_tail  # noqa: E402
 from verispec.random_model import preset_config, random_checkpoint  # noqa: E402
 
-BF = torch.bfloat16
 ROWS = list(range(1, 9)) + [12, 16]
 needs_bindings = pytest.mark.skipif(not (torch.cuda.is_available() and cuda_moe_tail.available(torch.device("cuda"))),
                                     reason="no cuda-bindings or GPU older than sm_90")
-
-
-def _rand(*shape):
-    return torch.randn(*shape, device="cuda").to(BF)
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@
 // issuing every warp's units in order stalled on the slowest warp, calls 75-76.) The shared
 // expert's gate/up units are requested before griddepcontrol.wait: weights never change, and
 // its id is fixed (slot TOPK of every row, id NE). The next kernel is let launch only after the
-// second grid barrier (LATE): launched right after the wait, its programs sat resident beside
-// these and the forward lost 3-4x what this kernel lost alone (device call 78).
+// second grid barrier: launched right after the wait, its programs sat resident beside these and
+// the forward lost 3-4x what this kernel lost alone (device call 78).
 //
 // Exactness: a unit (one pair's GU_ROWS gate and up rows, or DN_ROWS down rows) is computed
 // by one warp in one fixed order (each lane's elements in order, then a fixed butterfly across
@@ -31,9 +31,8 @@
 //
 // Compiled at run time by NVRTC (cuda_moe_tail.py) with -D for HD (hidden), ID (expert width),
 // TOPK (routed slots), NE (experts; id NE is the shared expert), SLOT (bytes), WARPS (consumer
-// warps), SPW (slots per consumer warp), EXTRA (bytes after the ring) and LATE (1: the next
-// kernel is let launch only after the second grid barrier, not right after the wait); PHASES
-// (3; 1 or 2 stop after gate/up or down, for timing probes only).
+// warps), SPW (slots per consumer warp), EXTRA (bytes after the ring) and PHASES (3; 1 or 2
+// stop after gate/up or down, for timing probes only).
 // No headers: bf16 is handled as its bits.
 
 typedef unsigned short bf16;
@@ -204,10 +203,7 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
             next += WARPS;
         }
     }
-    if (pdl) {
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-        if (!LATE) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    }
+    if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
     for (int q = tid; q < P; q += THREADS)
         if (q % S != TOPK) ids[q] = __ldcg(top_i + q);
     __syncthreads();
@@ -268,7 +264,7 @@ moe_tail(const bf16* __restrict__ x, const float* __restrict__ top_w, const int*
                 if (lane < DN_ROWS) __stcg(y + (size_t)u.pair * HD + u.block * DN_ROWS + lane, mine);
             }
             grid_sync(ctr, 2 * G);    // every pair's y written
-            if (pdl && LATE) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+            if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");   // see the top
         }
 
         // combine (CTA r for row r): the routed slots in slot order, the shared expert, the

@@ -31,12 +31,11 @@ except ImportError:  # pragma: no cover - an optional dependency
 # the ring (bench/cuda_bench.py --sections moe_tail compares choices): bytes a slot holds (one
 # unit of weights), warps a CTA, slots per warp
 SLOT, WARPS, SPW = 8192, 8, 3
-LATE = True             # the next kernel let launch only after the second grid barrier (device call 78)
 PHASES = 3              # 1, 2: stop after gate/up or down (timing probes; the outputs are then not the MoE's)
 MAX_ROWS = 16
 EXTRA = 2048            # shared memory after the ring: its barriers, the warps' partial sums, the pairs' ids
 
-_kernels: dict = {}     # (device index, HD, ID, TOPK, NE, SLOT, WARPS, SPW, LATE, PHASES) -> CUfunction
+_kernels: dict = {}     # (device index, HD, ID, TOPK, NE, SLOT, WARPS, SPW, PHASES) -> CUfunction
 _counters: dict = {}    # device index -> the grid barrier's counters (int32 [2], put back by each launch)
 _sms: dict = {}
 
@@ -89,13 +88,13 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _compile(device: torch.device, hd: int, inter: int, top_k: int, n_experts: int, slot: int, warps: int, spw: int,
-             late: bool, phases: int):
+             phases: int):
     major, minor = torch.cuda.get_device_capability(device)
     src = resources.files(__package__).joinpath("cuda_moe_tail.cu").read_text()
     prog = _ok(nvrtc.nvrtcCreateProgram(src.encode(), b"cuda_moe_tail.cu", 0, [], []), "nvrtcCreateProgram")
     opts = [f"--gpu-architecture=sm_{major}{minor}", "-std=c++17", "-lineinfo", f"-DHD={hd}", f"-DID={inter}",
             f"-DTOPK={top_k}", f"-DNE={n_experts}", f"-DSLOT={slot}", f"-DWARPS={warps}", f"-DSPW={spw}",
-            f"-DEXTRA={EXTRA}", f"-DLATE={int(late)}", f"-DPHASES={phases}"]
+            f"-DEXTRA={EXTRA}", f"-DPHASES={phases}"]
     opts = [o.encode() for o in opts]
     status = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
     if int(status) != 0:
@@ -116,12 +115,12 @@ def _compile(device: torch.device, hd: int, inter: int, top_k: int, n_experts: i
 
 
 def _kernel(device: torch.device, hd: int, inter: int, top_k: int, n_experts: int):
-    key = (_index(device), hd, inter, top_k, n_experts, SLOT, WARPS, SPW, LATE, PHASES)
+    key = (_index(device), hd, inter, top_k, n_experts, SLOT, WARPS, SPW, PHASES)
     if key not in _kernels:
         if key[0] not in _counters:          # also makes the device's context current here
             _counters[key[0]] = torch.zeros(2, dtype=torch.int32, device=device)
         with torch.cuda.device(device):
-            _kernels[key] = _compile(device, hd, inter, top_k, n_experts, SLOT, WARPS, SPW, LATE, PHASES)
+            _kernels[key] = _compile(device, hd, inter, top_k, n_experts, SLOT, WARPS, SPW, PHASES)
     return _kernels[key], WARPS * SPW * SLOT + EXTRA, 32 * WARPS
 
 
