@@ -48,9 +48,11 @@ def _ok(result, what: str):
     return values[0] if len(values) == 1 else values
 
 
-def _shape_ok(hd: int, inter: int) -> bool:
-    """The compile-time conditions of cuda_moe_tail.cu (its static_asserts) for hidden hd and width inter."""
-    if SLOT % (4 * hd) or SLOT % (2 * inter) or WARPS * SPW * SLOT + EXTRA > 227 * 1024:
+def _shape_ok(hd: int, inter: int, top_k: int) -> bool:
+    """The compile-time conditions of cuda_moe_tail.cu (its static_asserts) for hidden hd, width
+    inter and top_k routed slots."""
+    after_ring = WARPS * SPW * 8 + 4 * WARPS + 4 * MAX_ROWS * (top_k + 1)   # barriers, partial sums, pairs' ids
+    if SLOT % (4 * hd) or SLOT % (2 * inter) or WARPS * SPW * SLOT + EXTRA > 227 * 1024 or after_ring > EXTRA:
         return False
     gu_rows, dn_rows = SLOT // (4 * hd), SLOT // (2 * inter)
     return (gu_rows >= 1 and inter % gu_rows == 0 and hd % 256 == 0 and 1 <= dn_rows <= 32 and hd % dn_rows == 0
@@ -69,7 +71,7 @@ def fits(x, top_w, top_i, gu_all, down_all, shared_gu, shared_down, resid, norm_
         return False
     e, two_i, hd = gu_all.shape
     tensors = (x, gu_all, down_all, shared_gu, shared_down, resid, norm_w)
-    return (_shape_ok(hd, two_i // 2) and all(t.dtype == torch.bfloat16 and t.is_contiguous() for t in tensors)
+    return (_shape_ok(hd, two_i // 2, top_i.shape[1] - 1) and all(t.dtype == torch.bfloat16 and t.is_contiguous() for t in tensors)
             and all(t.data_ptr() % 16 == 0 for t in tensors) and top_w.dtype == torch.float32
             and top_i.dtype == torch.int32 and top_w.is_contiguous() and top_i.is_contiguous()
             and shared_gu.shape == gu_all.shape[1:] and shared_down.shape == down_all.shape[1:]
