@@ -23,6 +23,9 @@ arms interleaved within a round):
   moe_tail   the same (1, 3 and 4 rows), the MoE after its router as one persistent launch
              (cuda_fusions.MOE_TAIL) against the three Triton launches; then each alone, every
              layer's MoE tail in one graph
+  stream     the same (1, 3 and 4 rows), the mixers' products by the CUDA kernel that requests
+             its weights before the wait (cuda_fusions.STREAM) against the Triton products; with
+             and without the kernels before them letting them launch early, each STREAM_ARMS
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -400,6 +403,37 @@ def moe_tail(eng: Engine, rounds: int) -> None:
         cuda_moe_tail.PHASES = 3
 
 
+# (name -> (early launches before the products, TRIG, CONFIG overrides)); the first is the reference
+STREAM_ARMS = {"stream": (True, 0, {}), "stream_not_early": (False, 0, {}), "stream_trig": (True, 1, {}),
+               "stream_in_4w": (True, 0, {(2048, 12352): (1, 4, 512, 6), (2048, 9216): (1, 4, 512, 6)})}
+
+
+def stream(eng: Engine, rounds: int) -> None:
+    """The stream products (verispec/ops/cuda_stream_gemv.py) in each STREAM_ARMS setting against the
+    Triton products, in the graphed forward (1, 3, 4 rows). The arms with the default CONFIG must
+    give the first arm's logits; the Triton arm and other CONFIGs sum in other orders."""
+    from verispec.ops import cuda_fusions, cuda_launch, cuda_stream_gemv
+
+    kept = cuda_fusions.STREAM, cuda_launch.EARLY_STREAM, cuda_stream_gemv.TRIG, dict(cuda_stream_gemv.CONFIG)
+
+    def arm(setting):
+        def setup():
+            cuda_stream_gemv.CONFIG.clear()
+            cuda_stream_gemv.CONFIG.update(kept[3])
+            cuda_fusions.STREAM = setting is not None
+            if setting is not None:
+                cuda_launch.EARLY_STREAM, cuda_stream_gemv.TRIG = setting[:2]
+                cuda_stream_gemv.CONFIG.update(setting[2])
+        return setup
+    try:
+        graph_arms(eng, rounds, "stream", {**{k: arm(v) for k, v in STREAM_ARMS.items()}, "triton": arm(None)},
+                   row_counts=(1, 3, 4))
+    finally:
+        cuda_fusions.STREAM, cuda_launch.EARLY_STREAM, cuda_stream_gemv.TRIG = kept[:3]
+        cuda_stream_gemv.CONFIG.clear()
+        cuda_stream_gemv.CONFIG.update(kept[3])
+
+
 def pdl(eng: Engine, rounds: int) -> None:
     """PDL off against on (verispec/ops/cuda_launch.py)."""
     from verispec.ops import cuda_launch
@@ -583,6 +617,7 @@ def main() -> int:
              ("fusions", lambda: fusions(eng, 4 * a.rounds + 4)),
              ("shared_first", lambda: shared_first(eng, 4 * a.rounds + 4)),
              ("moe_tail", lambda: moe_tail(eng, 4 * a.rounds + 4)),
+             ("stream", lambda: stream(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),

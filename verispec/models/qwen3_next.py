@@ -320,7 +320,7 @@ def _partials_linear(lin):
     """lin, except that a product the fixed-order kernel splits along K returns its unsummed
     partials (cuda_gemv.Partials) for add_norm to sum; only for products add_norm consumes."""
     def out(x, w):
-        if cuda_gemv.usable(x, w) and cuda_norms.usable(x) and cuda_gemv.splits(w.shape[1], w.shape[0]):
+        if cuda_gemv.usable(x, w) and cuda_norms.usable(x) and cuda_gemv.splits(w.shape[1], w.shape[0], w):
             return cuda_gemv.Partials(cuda_gemv.linear_rows(x, w, partials=True), x.shape[0])
         return lin(x, w)
     return out

@@ -105,13 +105,11 @@ if triton is not None:
 
     @triton.jit
     def _attend_merge(m_ptr, l_ptr, acc_ptr, proj_ptr, proj_stride, o_ptr, NH: tl.constexpr, HD: tl.constexpr,
-                      G: tl.constexpr, PDL: tl.constexpr):
+                      G: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr = False):
         """Program (r, h): the G partial softmaxes of `_attend` merged in g order, then o *
         sigmoid(gate), rounded as torch rounds the attention output, the sigmoid and their
         product. A part that saw no position (m = -inf, l = 0) adds nothing."""
-        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
-            gdc_wait()
-            gdc_launch_dependents()
+        cuda_launch.enter(PDL, EARLY)   # nothing is touched before the previous kernel is done
         r = tl.program_id(0)
         h = tl.program_id(1)
         d = tl.arange(0, HD)
@@ -159,5 +157,5 @@ def gated_attention(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
                                BLOCK_L=block_l, G=parts, num_warps=warps, **cuda_launch.flags(q.device))
     o = torch.empty(rows, nh * hd, dtype=proj.dtype, device=proj.device)
     _attend_merge[(rows, nh)](m, lsum, acc, proj, proj.stride(0), o, NH=nh, HD=hd, G=parts, num_warps=4,
-                              **cuda_launch.flags(q.device))
+                              **cuda_launch.flags(q.device, early=True))
     return o

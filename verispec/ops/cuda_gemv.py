@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import cuda_launch
+from . import cuda_fusions, cuda_launch, cuda_stream_gemv
 
 try:
     import triton
@@ -144,8 +144,18 @@ CONFIG: dict[tuple[int, int], tuple] = {
     (2048, 264): (16, 256, 4, 4, 8)}
 
 
-def splits(k: int, n: int) -> bool:
-    """Whether the product (K, N) runs split along K (so it has partials to hand over)."""
+def streams(w: torch.Tensor) -> bool:
+    """Whether linear_rows hands products with w to cuda_stream_gemv (cuda_fusions.STREAM, a
+    shape it takes, bf16 on a GPU it runs on): decided by the weight alone, never by the rows."""
+    return (cuda_fusions.STREAM and w.dtype == torch.bfloat16 and w.is_cuda
+            and cuda_stream_gemv.config(w.shape[1], w.shape[0]) is not None and cuda_stream_gemv.available(w.device))
+
+
+def splits(k: int, n: int, w: torch.Tensor | None = None) -> bool:
+    """Whether the product (K, N) (with weight w, when given) runs split along K (so it has
+    partials to hand over)."""
+    if w is not None and streams(w):
+        return False
     cfg = CONFIG.get((k, n), DEFAULT)
     return len(cfg) > 4 and cfg[4] > 1 and k % (cfg[4] * min(cfg[1], k)) == 0
 
@@ -169,6 +179,8 @@ class ConvEpilogue:
 def conv_fits(w: torch.Tensor, conv_channels: int, kernel: int) -> bool:
     """Whether the product with w [N, K] can carry the conv of its first conv_channels outputs."""
     k, n = w.shape[1], w.shape[0]
+    if streams(w):
+        return kernel == 4 and conv_channels % (8 * cuda_stream_gemv.config(k, n)[0]) == 0
     cfg = CONFIG.get((k, n), DEFAULT)
     return kernel == 4 and (len(cfg) < 5 or cfg[4] == 1) and conv_channels % cfg[0] == 0
 
@@ -181,6 +193,10 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, p
     C output columns come out through the causal conv, row after row. out_dtype (an unsplit
     product): y rounded to x's dtype, stored widened (the lm_head's fp32 logits in one launch,
     the bits of the bf16 product followed by a conversion)."""
+    if config is None and not partials and out_dtype is None and streams(w):
+        if not cuda_stream_gemv.fits(x, w):        # x's row stride or address: the same kernel on a copy
+            x = x.clone(memory_format=torch.contiguous_format)
+        return cuda_stream_gemv.linear_rows(x, w, conv)
     rows, k = x.shape
     n = w.shape[0]
     cfg = config or CONFIG.get((k, n), DEFAULT)

@@ -8,6 +8,13 @@ visible) and then signals `launch_dependents`, so the launch of the next kernel 
 tail of this one instead of following it. The arithmetic is untouched (same kernels, same
 order), so the bits are the same with PDL on or off; only the gaps between kernels change.
 
+A kernel whose successor is a cuda_stream_gemv product (the gated norm, the attention's merge,
+the MoE's combine, when cuda_fusions.STREAM is on) signals before its wait (`flags(...,
+early=True)`, `enter`): the product's CTAs are then resident while this kernel and the one
+before it run, and request their weights then. Safe because the product reads nothing but
+weights before its own wait, and a kernel completes only after its wait returned, so the
+product's wait still covers every kernel before it.
+
 `VERISPEC_PDL=0` turns it off (the captured graphs then use plain launches).
 """
 
@@ -17,16 +24,45 @@ import os
 
 import torch
 
+from . import cuda_fusions
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover
+    triton = None
+
+EARLY_STREAM = True     # bench/cuda_bench.py --sections stream turns it off for one arm
 enabled = os.environ.get("VERISPEC_PDL", "1") != "0"
 _capable: dict[int, bool] = {}
 
 
-def flags(device: torch.device) -> dict:
+def flags(device: torch.device, early: bool | None = None) -> dict:
     """Extra launch arguments for one of our kernels on `device`: the kernel's PDL constexpr,
-    and Triton's launch_pdl where the GPU has grid dependency control (sm_90+)."""
+    and Triton's launch_pdl where the GPU has grid dependency control (sm_90+). early (a kernel
+    taking EARLY, see enter): whether its successor may be a stream product."""
+    out = {} if early is None else {"EARLY": False}
     if not (enabled and device.type == "cuda"):
-        return {"PDL": False}
+        return {**out, "PDL": False}
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _capable:
         _capable[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
-    return {"PDL": True, "launch_pdl": True} if _capable[idx] else {"PDL": False}
+    if not _capable[idx]:
+        return {**out, "PDL": False}
+    if early is not None:
+        out["EARLY"] = bool(early and cuda_fusions.STREAM and EARLY_STREAM)
+    return {**out, "PDL": True, "launch_pdl": True}
+
+
+if triton is not None:
+    @triton.jit
+    def enter(PDL: tl.constexpr, EARLY: tl.constexpr):
+        """A kernel's first step: wait for the previous kernel, and let the next one launch
+        (before the wait when EARLY, after it otherwise)."""
+        if PDL:
+            if EARLY:
+                gdc_launch_dependents()
+            gdc_wait()
+            if not EARLY:
+                gdc_launch_dependents()

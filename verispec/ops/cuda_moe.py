@@ -109,16 +109,14 @@ if triton is not None:
     def _combine(y_ptr, wt_ptr, extra_ptr, gate_ptr, gate_stride, out_ptr, res_ptr, nw_ptr, s_ptr, eps,
                  H: tl.constexpr, TOP_K: tl.constexpr, SLOTS: tl.constexpr, HAS_EXTRA: tl.constexpr,
                  HAS_GATE: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr, BLOCK: tl.constexpr,
-                 PDL: tl.constexpr):
+                 PDL: tl.constexpr, EARLY: tl.constexpr = False):
         """out[r] = the TOP_K routed slots summed in slot order (fp32, rounded once), plus the
         shared expert: SHARED, slot TOP_K of the row's SLOTS (its y rounded as its own product
         would round, times its weight, the rounded sigmoid of its gate); else `extra` [R, H]
         (times sigmoid(gate) with HAS_GATE). Each addition rounds as torch adds two bf16
         tensors. NORM (one program holds the whole row): the residual add and the next norm
         as add_row_norm does, s = x + out, out = ZC-norm(s)."""
-        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
-            gdc_wait()
-            gdc_launch_dependents()
+        cuda_launch.enter(PDL, EARLY)   # nothing is touched before the previous kernel is done
         row = tl.program_id(0)
         nb = tl.program_id(1)
         offs = nb * BLOCK + tl.arange(0, BLOCK)
@@ -334,7 +332,7 @@ def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu
     _combine[(rows, triton.cdiv(h, blk))](y, wts, ex, gate, gate.stride(0), out, out, out, out, 0.0, h, TOP_K=k,
                                           SLOTS=k, HAS_EXTRA=extra is not None, HAS_GATE=extra_gate is not None,
                                           SHARED=False, NORM=False, BLOCK=blk, num_warps=nw, num_stages=ns,
-                                          **cuda_launch.flags(y.device))
+                                          **cuda_launch.flags(y.device, early=False))
     return out
 
 
@@ -363,7 +361,7 @@ def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, 
     _combine[(rows, 1)](y, top_w, out, top_w, 0, out, resid, norm_w.contiguous(), s, eps, h, TOP_K=slots - 1,
                         SLOTS=slots, HAS_EXTRA=False, HAS_GATE=False, SHARED=True, NORM=True,
                         BLOCK=triton.next_power_of_2(h), num_warps=CONFIG["combine_norm"], num_stages=1,
-                        **cuda_launch.flags(y.device))
+                        **cuda_launch.flags(y.device, early=True))
     return s, out
 
 

@@ -32,10 +32,9 @@ enabled = True   # tests and benchmarks switch the kernels off to compare with t
 
 if triton is not None:
     @triton.jit
-    def _row_norm(x_ptr, w_ptr, z_ptr, y_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr, PDL: tl.constexpr):
-        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
-            gdc_wait()
-            gdc_launch_dependents()
+    def _row_norm(x_ptr, w_ptr, z_ptr, y_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr,
+                  PDL: tl.constexpr, EARLY: tl.constexpr = False):
+        cuda_launch.enter(PDL, EARLY)   # nothing is touched before the previous kernel is done
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         m = offs < N
@@ -106,7 +105,8 @@ def row_norm(x: torch.Tensor, mode: int, eps: float, weight: torch.Tensor | None
     w = weight.contiguous() if weight is not None else xc
     z = gate.contiguous() if gate is not None else xc
     _row_norm[(xc.numel() // n,)](xc, w, z, y, eps, N=n, BLOCK=triton.next_power_of_2(n), MODE=mode,
-                                  num_warps=WARPS["gated" if mode == GATED else "row"], **cuda_launch.flags(xc.device))
+                                  num_warps=WARPS["gated" if mode == GATED else "row"],
+                                  **cuda_launch.flags(xc.device, early=mode == GATED))
     return y
 
 

@@ -1,0 +1,127 @@
+"""The mixers' products with their weights requested before the wait (verispec/ops/cuda_stream_gemv.py)
+on the GPU: every row count bit for bit against the 16-row launch and against each row alone,
+eager and in a CUDA graph, against torch in fp32 and the Triton product; the causal conv in its
+epilogue; the model's verify rows equal its decode rows with it, eager and graphed, with and
+without the early launches before it. Skipped without a CUDA GPU (CI) or without cuda-bindings."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+
+from test_cuda_fusions import _decode_and_verify  # noqa: E402
+
+from verispec.engine import Engine  # noqa: E402
+from verispec.execution import Execution  # noqa: E402
+from verispec.ops import cuda_fusions, cuda_gemv, cuda_launch, cuda_slots, cuda_stream_gemv  # noqa: E402
+from verispec.random_model import preset_config, random_checkpoint  # noqa: E402
+
+ROWS = list(range(1, 9)) + [12, 16]
+BF = torch.bfloat16
+needs_bindings = pytest.mark.skipif(not (torch.cuda.is_available() and cuda_stream_gemv.available(torch.device("cuda"))),
+                                    reason="no cuda-bindings or GPU older than sm_90")
+
+
+def _rand(*shape):
+    return torch.randn(*shape, device="cuda").to(BF)
+
+
+@pytest.fixture
+def stream_on():
+    kept = cuda_fusions.STREAM, cuda_launch.EARLY_STREAM
+    cuda_fusions.STREAM = True
+    yield
+    cuda_fusions.STREAM, cuda_launch.EARLY_STREAM = kept
+
+
+@needs_bindings
+@pytest.mark.parametrize("k,n", sorted(cuda_stream_gemv.CONFIG))
+def test_stream_rows_graph_and_reference(stream_on, k, n):
+    torch.manual_seed(k + n)
+    w, x = _rand(n, k) * k ** -0.5, _rand(16, k)
+    assert cuda_gemv.streams(w) and cuda_stream_gemv.fits(x, w)    # the CUDA kernel runs, not the Triton one
+    full = cuda_gemv.linear_rows(x, w)
+    single = [cuda_gemv.linear_rows(x[i:i + 1], w) for i in range(16)]
+    for m in ROWS:
+        got = cuda_gemv.linear_rows(x[:m], w)
+        assert torch.equal(got, full[:m]), m
+        assert all(torch.equal(got[i:i + 1], single[i]) for i in range(m)), m
+    # in a CUDA graph (with PDL, as the model captures it), replayed twice
+    cuda_gemv.linear_rows(x[:3], w)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        graphed = cuda_gemv.linear_rows(x[:3], w)
+    for _ in range(2):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(graphed, full[:3])
+    ref = F.linear(x.float(), w.float())
+    assert (full.float() - ref).norm() / ref.norm() < 1e-2
+    cuda_fusions.STREAM = False
+    triton = cuda_gemv.linear_rows(x, w)
+    assert not torch.equal(triton, full)                          # the sums do run in another order
+    assert (full.float() - triton.float()).norm() / triton.float().norm() < 4e-3
+
+
+@needs_bindings
+def test_stream_takes_rows_of_any_stride(stream_on):
+    """A row stride the kernel cannot read 8 elements at a time from: the same kernel on a copy."""
+    k, n = 4096, 2048
+    w, big = _rand(n, k) * k ** -0.5, _rand(5, k + 4)
+    x = big[:, :k]
+    assert not cuda_stream_gemv.fits(x, w)
+    assert torch.equal(cuda_gemv.linear_rows(x, w), cuda_gemv.linear_rows(x.contiguous(), w))
+
+
+@needs_bindings
+def test_stream_conv_epilogue(stream_on):
+    """The DeltaNet's input product with the causal conv in its epilogue: the columns past the
+    conv equal the plain product's bit for bit, the ring and each kept row's slot hold the
+    product's outputs (bit for bit), the conv outputs match the conv kernel on the product's
+    outputs within a bf16 step, and every row count's rows equal the 16-row launch's."""
+    from verispec.ops import cuda_deltanet as cd
+    torch.manual_seed(3)
+    c, k, n = 8192, 2048, 12352
+    x, w = _rand(16, k), _rand(n, k) * k ** -0.5
+    cw, ring0 = _rand(c, 4) * 0.5, _rand(c, 3)
+    assert cuda_gemv.conv_fits(w, c, 4) and cuda_gemv.streams(w)
+    outs = {}
+    for m in ROWS:
+        r1, r2 = ring0.clone(), ring0.clone()
+        s1 = [torch.zeros_like(ring0) for _ in range(m - 1)]
+        s2 = [torch.zeros_like(ring0) for _ in range(m - 1)] + [None]
+        tab = cuda_slots.table_of(s1, r1) if m > 1 else None
+        fused = cuda_gemv.linear_rows(x[:m], w, conv=cuda_gemv.ConvEpilogue(r1, cw, tab))
+        y = cuda_gemv.linear_rows(x[:m], w)
+        conv = cd.conv_rows(y[:, :c], r2, cw, s2 if m > 1 else [])
+        assert torch.equal(fused[:, c:], y[:, c:]), m
+        assert torch.equal(r1, r2) and all(torch.equal(a, b) for a, b in zip(s1, s2)), m
+        diff = (fused[:, :c].float() - conv.float()).abs()
+        assert (diff <= conv.float().abs() * 2 ** -7 + 1e-6).all(), m
+        outs[m] = fused
+    for m in ROWS:
+        assert torch.equal(outs[m], outs[16][:m]), m
+
+
+@needs_bindings
+def test_model_rows_invariant_with_stream_products(stream_on):
+    """The real-shaped model with the stream products: a verify's rows equal decode rows bit for
+    bit, eager and graphed alike; the graphed logits equal the eager ones; the early launches
+    before the products move no bit; the Triton products give other sums, close to these."""
+    ck = random_checkpoint(preset_config("qwen3.6-35b-a3b-shape", layers=4), seed=29, device="cuda")
+    ids = [6, 2, 8, 3, 1, 8]
+    got = []
+    for graphs, early in ((False, True), (True, True), (True, False)):
+        cuda_launch.EARLY_STREAM = early
+        eng = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=graphs))
+        ones, many = _decode_and_verify(eng.model, ids)
+        assert torch.equal(ones, many), (graphs, early)
+        got.append(ones)
+    assert torch.equal(got[0], got[1]) and torch.equal(got[1], got[2])
+    cuda_fusions.STREAM = False
+    eng = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=False))
+    ones, _ = _decode_and_verify(eng.model, ids)
+    assert not torch.equal(ones, got[0])
+    assert (ones - got[0]).abs().max() < 0.25 * ones.abs().max()

@@ -1,0 +1,87 @@
+"""Our CUDA C++ kernels: compiled at run time by NVRTC and launched through the driver with
+programmatic dependent launch, both from `cuda-bindings` (the `cuda` extra). Without it the
+callers fall back to their Triton kernels (each module's `available`)."""
+
+from __future__ import annotations
+
+import ctypes
+from importlib import resources
+
+import torch
+
+try:
+    from cuda.bindings import driver as cu
+    from cuda.bindings import nvrtc
+except ImportError:  # pragma: no cover - an optional dependency
+    cu = nvrtc = None
+
+_sms: dict = {}
+
+
+def ok(result, what: str):
+    """cuda-bindings calls return (status, *values): raise on a failed status, return the values."""
+    status, *values = result if isinstance(result, tuple) else (result,)
+    if int(status) != 0:
+        raise RuntimeError(f"{what} failed: {status!r}")
+    return values[0] if len(values) == 1 else values
+
+
+def available(device: torch.device) -> bool:
+    return cu is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def sm_count(device: torch.device) -> int:
+    i = index(device)
+    if i not in _sms:
+        _sms[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _sms[i]
+
+
+def compile_kernel(device: torch.device, source: str, name: str, defines: dict, smem: int):
+    """The function `name` of the package file `source`, compiled for device with -D defines,
+    allowed `smem` bytes of dynamic shared memory."""
+    major, minor = torch.cuda.get_device_capability(device)
+    src = resources.files(__package__).joinpath(source).read_text()
+    prog = ok(nvrtc.nvrtcCreateProgram(src.encode(), source.encode(), 0, [], []), "nvrtcCreateProgram")
+    opts = [f"--gpu-architecture=sm_{major}{minor}", "-std=c++17", "-lineinfo"]
+    opts += [f"-D{k}={v}" for k, v in defines.items()]
+    opts = [o.encode() for o in opts]
+    status = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
+    if int(status) != 0:
+        size = ok(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise RuntimeError(f"compiling {source} failed:\n{log.decode(errors='replace')}")
+    size = ok(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+    cubin = b" " * size
+    ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+    nvrtc.nvrtcDestroyProgram(prog)
+    ok(cu.cuInit(0), "cuInit")
+    module = ok(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
+    fn = ok(cu.cuModuleGetFunction(module, name.encode()), "cuModuleGetFunction")
+    ok(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+       "cuFuncSetAttribute")
+    return fn
+
+
+def launch(fn, smem: int, threads: int, grid: int, stream: int, pdl: bool, args: list, what: str) -> None:
+    """fn<<<grid, threads, smem, stream>>>(args) (ctypes values), with PDL when pdl."""
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid, 1, 1
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads, 1, 1
+    cfg.sharedMemBytes = smem
+    cfg.hStream = cu.CUstream(stream)
+    if pdl:
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+    else:
+        cfg.numAttrs = 0
+    params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+    ok(cu.cuLaunchKernelEx(cfg, fn, ctypes.addressof(params), 0), f"cuLaunchKernelEx({what})")

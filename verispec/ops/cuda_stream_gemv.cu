@@ -1,0 +1,211 @@
+// A decode/verify matrix product y [R, N] = x [R, K] . W[N, K]^T (R <= 16) whose weights are
+// requested before the previous kernel is done.
+//
+// Why: between a layer's products run latency-bound kernels (the recurrence and the gated
+// norm, the attention's three, the MoE's combine) during which the DRAM is nearly idle. The
+// weights never change, so a product can ask for them while those run; the Triton product can
+// only ask after its griddepcontrol.wait (a register preload streams at ~2.3 TB/s and a TMA
+// version in Triton needed K split 8-16 ways: docs/cuda.md, eleventh session). Here the copy
+// engine fills shared memory: each warp owns SPW slots, and the first SPW units of every warp
+// (up to ~200 KB a SM, ~26 MB over the GPU) are requested by cp.async.bulk before the wait.
+//
+// Work: a task is TC consecutive output columns (TC = 8 * CG) over all of K, tasks dealt to
+// CTAs in turn (task c, c + G, ...). Within a CTA warp w owns the K slice [w*KW, (w+1)*KW);
+// a unit is the task's TC columns over KC elements of that slice (TC copies of 2*KC bytes,
+// one per column), UPW units a task. A warp accumulates its slice with tensor-core products
+// (mma m16n8k16: the 16 row slots as A, 8 weight columns as B), the warps' partial sums are
+// added in warp order through shared memory, and the sum is rounded once to bf16.
+//
+// Exactness: the 16 row slots always run (rows past R are zeros), every sum has one fixed
+// order (a warp's units in K order, in each unit its 32-element steps in order, each step two
+// mma in order, then the warps 0..WARPS-1), and which CTA takes a task depends on N alone. So
+// the instructions a row's output goes through, and their order, do not depend on R; an output
+// element of an mma depends only on its own row of A and column of B.
+//
+// CONV: the task's columns below C are the DeltaNet's conv channels (C a multiple of TC): a
+// thread a column runs the causal conv (kernel 4) over rows 0..R-1 in order, as
+// cuda_gemv._conv_epilogue does (out = silu(r0 w0 + r1 w1 + r2 w2 + x w3), the ring shifting x
+// in, the ring after row r < R-1 to the slot at tab[r] when save), and updates the ring.
+//
+// Memory: before the wait only weights are read (bulk copies). After it, x, the ring and the
+// slot table are read at L2 (written by earlier kernels); out, the ring and the slots are
+// written. TRIG 1 lets the next kernel launch right after the wait, 0 at the end.
+//
+// Compiled at run time by NVRTC (cuda_stream_gemv.py) with -D for K, CG, WARPS, KC, SPW, CONV
+// and TRIG. No headers: bf16 is handled as its bits.
+
+typedef unsigned short bf16;
+typedef unsigned long long u64;
+
+constexpr int THREADS = 32 * WARPS;
+constexpr int TC = 8 * CG;                  // output columns a task
+constexpr int KW = K / WARPS;               // a warp's K slice
+constexpr int UPW = KW / KC;                // units a warp a task
+constexpr int STEPS = KC / 32;              // 32-element steps a unit
+constexpr int XS = KW / 32;                 // steps in a warp's slice (x held in registers)
+constexpr int SLOTB = TC * KC * 2;          // bytes a slot
+constexpr int STAGES = WARPS * SPW;
+static_assert(K % WARPS == 0 && KW % KC == 0 && KC % 32 == 0, "units tile a warp's slice");
+static_assert(CG == 1 || CG == 2, "8 or 16 columns a task");
+static_assert(THREADS >= 16 * TC / 2, "the reduction: two elements a thread at most");
+
+__device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((unsigned)h) << 16); }
+__device__ __forceinline__ bf16 f2bf(float f) {       // round to nearest even, as torch rounds
+    bf16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+__device__ __forceinline__ float round_bf(float f) { return bf2f(f2bf(f)); }
+
+__device__ __forceinline__ unsigned saddr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(u64* b) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(u64* b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(saddr(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, u64* b) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u64* b, unsigned parity) {
+    asm volatile("{\n\t.reg .pred p;\n"
+                 "WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+                 "@!p bra WAIT_%=;\n}" :: "r"(saddr(b)), "r"(parity) : "memory");
+}
+
+// c += a . b: a the 16 x 16 row-slot tile, b a 16 x 8 weight tile, fp32 accumulation
+__device__ __forceinline__ void mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                    unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint4 ldcg16(const bf16* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+stream_gemv(const bf16* __restrict__ x, int xs, const bf16* w, bf16* out, int R, int N,
+            bf16* ring, const bf16* __restrict__ cw, const u64* tab, int C, int save, int pdl)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    u64* full = reinterpret_cast<u64*>(smem + STAGES * SLOTB);     // a slot's bytes have landed
+    float* part = reinterpret_cast<float*>(full + STAGES);         // [2][WARPS][16 rows][TC]
+    const int G = gridDim.x, c = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int NT = N / TC;
+    const int nt = c < NT ? (NT - 1 - c) / G + 1 : 0;
+    const int TW = nt * UPW;                                        // this warp's units
+    unsigned char* mine = smem + warp * SPW * SLOTB;
+    u64* mfull = full + warp * SPW;
+
+    // this warp's unit i into its slot i % SPW: lane 0 arms the barrier, lanes 0..TC-1 copy a column each
+    auto issue = [&](int i) {
+        const int j = i / UPW, u = i % UPW, sl = i % SPW;
+        if (lane == 0) mbar_expect(&mfull[sl], SLOTB);
+        __syncwarp();
+        if (lane < TC) {
+            const size_t col = (size_t)(c + j * G) * TC + lane;
+            bulk_copy(mine + sl * SLOTB + lane * (2 * KC), w + col * K + warp * KW + u * KC, 2 * KC, &mfull[sl]);
+        }
+    };
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) mbar_init(&full[s]);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    for (int i = 0; i < SPW && i < TW; ++i) issue(i);              // weights only: before the wait
+    if (pdl) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        if (TRIG) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    }
+
+    // the A tiles of this warp's slice: row n = lane / 4 and n + 8, elements 8q..8q+7 of each step
+    const int n = lane >> 2, q = lane & 3;
+    uint4 xa[XS], xb[XS];
+    {
+        const bf16* xr = x + (size_t)n * xs + warp * KW + q * 8;
+#pragma unroll
+        for (int s = 0; s < XS; ++s) {
+            xa[s] = n < R ? ldcg16(xr + s * 32) : make_uint4(0, 0, 0, 0);
+            xb[s] = n + 8 < R ? ldcg16(xr + (size_t)8 * xs + s * 32) : make_uint4(0, 0, 0, 0);
+        }
+    }
+
+    for (int j = 0; j < nt; ++j) {
+        float acc[CG][4];
+#pragma unroll
+        for (int g = 0; g < CG; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.f;
+#pragma unroll
+        for (int u = 0; u < UPW; ++u) {
+            const int i = j * UPW + u, sl = i % SPW;
+            mbar_wait(&mfull[sl], (i / SPW) & 1);
+            // column n of group g, elements 8q.. of step st: the B tile's registers (the same
+            // element positions as the A tile's: logical k 2q+e <-> 8q+e, 2q+8+e <-> 8q+2+e, and
+            // 8q+4.., 8q+6.. for the second product)
+            const unsigned char* sb = mine + sl * SLOTB + n * (2 * KC) + q * 16;
+#pragma unroll
+            for (int st = 0; st < STEPS; ++st) {
+                const uint4 a = xa[u * STEPS + st], b = xb[u * STEPS + st];
+#pragma unroll
+                for (int g = 0; g < CG; ++g) {
+                    const uint4 wv = *reinterpret_cast<const uint4*>(sb + g * 8 * (2 * KC) + st * 64);
+                    mma(acc[g], a.x, b.x, a.y, b.y, wv.x, wv.y);
+                    mma(acc[g], a.z, b.z, a.w, b.w, wv.z, wv.w);
+                }
+            }
+            __syncwarp();                     // the slot read: this warp's next unit may overwrite it
+            if (i + SPW < TW) issue(i + SPW);
+        }
+        // acc[g]: (row n, columns 8g + 2q, +1) and (row n + 8, the same columns)
+        float* pb = part + ((j & 1) * WARPS + warp) * (16 * TC);
+#pragma unroll
+        for (int g = 0; g < CG; ++g) {
+            pb[n * TC + 8 * g + 2 * q] = acc[g][0];
+            pb[n * TC + 8 * g + 2 * q + 1] = acc[g][1];
+            pb[(n + 8) * TC + 8 * g + 2 * q] = acc[g][2];
+            pb[(n + 8) * TC + 8 * g + 2 * q + 1] = acc[g][3];
+        }
+        __syncthreads();                      // (two buffers: the next task's partials go to the other)
+        const float* pj = part + (j & 1) * WARPS * (16 * TC);
+        const int col0 = (c + j * G) * TC;
+        if (CONV && col0 < C) {
+            if (tid < TC) {
+                const int col = col0 + tid;
+                float r0 = bf2f(__ldcg(ring + col * 3)), r1 = bf2f(__ldcg(ring + col * 3 + 1));
+                float r2 = bf2f(__ldcg(ring + col * 3 + 2));
+                const float w0 = bf2f(__ldg(cw + col * 4)), w1 = bf2f(__ldg(cw + col * 4 + 1));
+                const float w2 = bf2f(__ldg(cw + col * 4 + 2)), w3 = bf2f(__ldg(cw + col * 4 + 3));
+                for (int r = 0; r < R; ++r) {
+                    float s = 0.f;
+#pragma unroll
+                    for (int v = 0; v < WARPS; ++v) s += pj[v * (16 * TC) + r * TC + tid];
+                    const float xv = round_bf(s);
+                    float a = r0 * w0;
+                    a = fmaf(r1, w1, a);
+                    a = fmaf(r2, w2, a);
+                    a = fmaf(xv, w3, a);
+                    out[(size_t)r * N + col] = f2bf(a / (1.f + expf(-a)));
+                    r0 = r1; r1 = r2; r2 = xv;
+                    if (save && r < R - 1) {
+                        bf16* slot = reinterpret_cast<bf16*>(__ldcg(tab + r));
+                        slot[col * 3] = f2bf(r0); slot[col * 3 + 1] = f2bf(r1); slot[col * 3 + 2] = f2bf(r2);
+                    }
+                }
+                ring[col * 3] = f2bf(r0); ring[col * 3 + 1] = f2bf(r1); ring[col * 3 + 2] = f2bf(r2);
+            }
+        } else {
+            for (int e = tid; e < 16 * TC; e += THREADS) {
+                const int r = e / TC, cc = e % TC;
+                if (r < R) {
+                    float s = 0.f;
+#pragma unroll
+                    for (int v = 0; v < WARPS; ++v) s += pj[v * (16 * TC) + e];
+                    out[(size_t)r * N + col0 + cc] = f2bf(s);
+                }
+            }
+        }
+    }
+}

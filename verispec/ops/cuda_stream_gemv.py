@@ -1,0 +1,98 @@
+"""The exact path's dense products with their weights requested before the previous kernel is
+done (cuda_stream_gemv.cu): a CUDA C++ kernel that fills shared memory with bulk async copies,
+so a product after latency-bound kernels streams its weights while they run.
+
+cuda_gemv.linear_rows hands a product to this kernel when cuda_fusions.STREAM is on and the
+shape is in CONFIG (the mixers' input and output products), for every row count alike (a
+shape's kernel never depends on R). The sums run in another order than the Triton product's
+(tensor-core steps of 32, then the warps' partials in order), so the logits differ from the
+Triton path's; rows are invariant (cuda_stream_gemv.cu says why; tests/test_cuda_stream_gemv.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from . import cuda_launch, cuda_nvrtc
+
+MAX_ROWS = 16
+SMEM_MAX = 227 * 1024
+
+# (K, N) -> (CG: 8-column groups a task, WARPS: K split, KC: elements a unit, SPW: slots a warp).
+# Chosen on the H200 (bench/cuda_bench.py --sections stream); TRIG: let the next kernel launch
+# right after the wait (1) or at the end (0).
+CONFIG: dict[tuple[int, int], tuple[int, int, int, int]] = {
+    (4096, 2048): (2, 8, 256, 2), (2048, 12352): (2, 8, 256, 3), (2048, 9216): (2, 8, 256, 3)}
+TRIG = 0
+
+_kernels: dict = {}
+
+
+def _smem(cg: int, warps: int, kc: int, spw: int) -> int:
+    stages = warps * spw
+    return stages * 8 * cg * kc * 2 + stages * 8 + 2 * warps * 16 * 8 * cg * 4
+
+
+def config(k: int, n: int) -> tuple | None:
+    """The kernel's configuration for a (K, N) product, or None where it does not take it."""
+    cfg = CONFIG.get((k, n))
+    if cfg is None:
+        return None
+    cg, warps, kc, spw = cfg
+    ok = (k % warps == 0 and (k // warps) % kc == 0 and kc % 32 == 0 and n % (8 * cg) == 0
+          and _smem(*cfg) <= SMEM_MAX)
+    return cfg if ok else None
+
+
+def available(device: torch.device) -> bool:
+    return cuda_nvrtc.available(device)
+
+
+def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether this kernel takes x [R, K] @ w[N, K]^T: a configured shape, bf16, R <= 16, rows on
+    16-byte boundaries (the kernel reads 8 elements at a time)."""
+    k, n = w.shape[1], w.shape[0]
+    return (config(k, n) is not None and available(x.device) and x.dtype == w.dtype == torch.bfloat16
+            and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.shape[1] == k and x.stride(1) == 1
+            and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 and w.is_contiguous() and w.data_ptr() % 16 == 0)
+
+
+def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool):
+    cg, warps, kc, spw = cfg
+    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG)
+    smem = _smem(*cfg)
+    if key not in _kernels:
+        defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG}
+        with torch.cuda.device(device):
+            _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", defines, smem)
+    return _kernels[key], smem, 32 * warps
+
+
+def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
+    """x [R, K] @ w[N, K]^T -> [R, N] bf16 (fits() true). conv: a cuda_gemv.ConvEpilogue, the
+    causal conv of the first C output columns (C a multiple of the task's columns)."""
+    rows, k = x.shape
+    n = w.shape[0]
+    cfg = config(k, n)
+    tc = 8 * cfg[0]
+    if conv is not None and (conv.ring.shape[0] % tc or conv.weight.shape[1] != 4
+                             or not (conv.ring.is_contiguous() and conv.weight.is_contiguous())):
+        raise ValueError("the conv epilogue needs C a multiple of the task's columns and kernel 4")
+    fn, smem, threads = _kernel(x.device, k, cfg, conv is not None)
+    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    if conv is None:
+        ring, cw, tab, c, save = y, y, y, 0, 0
+    else:
+        ring, cw, c = conv.ring, conv.weight, conv.ring.shape[0]
+        tab, save = (conv.slots, 1) if conv.slots is not None else (conv.ring, 0)
+    pdl = cuda_launch.flags(x.device)["PDL"]
+    args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_int(x.stride(0)), ctypes.c_void_p(w.data_ptr()),
+            ctypes.c_void_p(y.data_ptr()), ctypes.c_int(rows), ctypes.c_int(n), ctypes.c_void_p(ring.data_ptr()),
+            ctypes.c_void_p(cw.data_ptr()), ctypes.c_void_p(tab.data_ptr()), ctypes.c_int(c), ctypes.c_int(save),
+            ctypes.c_int(int(pdl))]
+    grid = min(n // tc, cuda_nvrtc.sm_count(x.device))
+    cuda_nvrtc.launch(fn, smem, threads, grid, torch.cuda.current_stream(x.device).cuda_stream, pdl, args,
+                      "stream_gemv")
+    return y
