@@ -26,6 +26,8 @@ arms interleaved within a round):
   stream     the same (1, 3 and 4 rows), the mixers' products by the CUDA kernel that requests
              its weights before the wait (cuda_fusions.STREAM) against the Triton products; with
              and without the kernels before them letting them launch early, each STREAM_ARMS
+  stream_alone  each stream product shape alone (a graph of products with distinct weights, and
+             the output product behind the DeltaNet's gated norm) against the Triton product
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -405,7 +407,7 @@ def moe_tail(eng: Engine, rounds: int) -> None:
 
 # (name -> (early launches before the products, TRIG, CONFIG overrides)); the first is the reference
 STREAM_ARMS = {"stream": (True, 0, {}), "stream_not_early": (False, 0, {}), "stream_trig": (True, 1, {}),
-               "stream_in_4w": (True, 0, {(2048, 12352): (1, 4, 512, 6), (2048, 9216): (1, 4, 512, 6)})}
+               "stream_in_8col": (True, 0, {(2048, 12352): (1, 8, 256, 6), (2048, 9216): (1, 8, 256, 6)})}
 
 
 def stream(eng: Engine, rounds: int) -> None:
@@ -432,6 +434,63 @@ def stream(eng: Engine, rounds: int) -> None:
         cuda_fusions.STREAM, cuda_launch.EARLY_STREAM, cuda_stream_gemv.TRIG = kept[:3]
         cuda_stream_gemv.CONFIG.clear()
         cuda_stream_gemv.CONFIG.update(kept[3])
+
+
+def stream_alone(rounds: int) -> None:
+    """Each shape of cuda_stream_gemv.CONFIG alone: a graph of products over distinct weights
+    (~400 MB in all, so L2 holds none of them; the DeltaNet's input product with its conv), 1 and
+    4 rows, stream against Triton, interleaved; and the output product behind the gated norm
+    (the norm lets a stream product launch early)."""
+    from verispec.ops import cuda_fusions, cuda_gemv, cuda_norms, cuda_stream_gemv
+
+    kept = cuda_fusions.STREAM
+    out = {}
+    bf = torch.bfloat16
+    try:
+        for (k, n) in sorted(cuda_stream_gemv.CONFIG):
+            count = max(4, (400 << 20) // (2 * k * n))
+            ws = [torch.randn(n, k, device="cuda").to(bf) * k ** -0.5 for _ in range(count)]
+            conv = n == 12352
+            rings = [torch.zeros(8192, 3, device="cuda", dtype=bf) for _ in range(count)]
+            cw = torch.randn(8192, 4, device="cuda").to(bf)
+            gnorm = k == 4096
+            for rows in (1, 4):
+                x = torch.randn(rows, k, device="cuda").to(bf)
+                z = torch.randn(rows, 32, 128, device="cuda").to(bf)
+                nw = torch.ones(128, device="cuda", dtype=bf)
+
+                def body(with_norm):
+                    for i, w in enumerate(ws):
+                        xi = x
+                        if with_norm:
+                            xi = cuda_norms.row_norm(x.view(rows, 32, 128), cuda_norms.GATED, 1e-6, nw, z).view(rows, k)
+                        cuda_gemv.linear_rows(xi, w, conv=cuda_gemv.ConvEpilogue(rings[i], cw, None) if conv else None)
+                graphs = {}
+                for arm in ("triton", "stream"):
+                    for with_norm in ((False, True) if gnorm else (False,)):
+                        cuda_fusions.STREAM = arm == "stream"
+                        body(with_norm)
+                        _sync()
+                        g = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(g):
+                            body(with_norm)
+                        graphs[arm + ("_after_gnorm" if with_norm else "")] = g
+                times = {a: [] for a in graphs}
+                for r in range(-2, rounds):
+                    for a, g in graphs.items():
+                        t = sync_time(g.replay)
+                        if r >= 0:
+                            times[a].append(t / count)
+                med = {a: statistics.median(v) * 1e6 for a, v in times.items()}
+                out[f"{k}x{n}_rows{rows}"] = {"us": med, "times": times, "bytes": 2 * k * n}
+                log(f"[stream_alone] {k}x{n}{' +conv' if conv else ''}, rows {rows}, per product: " + "; ".join(
+                    f"{a} {med[a]:.2f} us [{min(times[a]) * 1e6:.2f}-{max(times[a]) * 1e6:.2f}] "
+                    f"({2 * k * n / med[a] / 1e6:.2f} TB/s)" for a in med))
+            del ws
+            torch.cuda.empty_cache()
+        RESULTS["stream_alone"] = out
+    finally:
+        cuda_fusions.STREAM = kept
 
 
 def pdl(eng: Engine, rounds: int) -> None:
@@ -618,6 +677,7 @@ def main() -> int:
              ("shared_first", lambda: shared_first(eng, 4 * a.rounds + 4)),
              ("moe_tail", lambda: moe_tail(eng, 4 * a.rounds + 4)),
              ("stream", lambda: stream(eng, 4 * a.rounds + 4)),
+             ("stream_alone", lambda: stream_alone(10 * a.rounds)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),

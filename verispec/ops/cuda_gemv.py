@@ -180,7 +180,7 @@ def conv_fits(w: torch.Tensor, conv_channels: int, kernel: int) -> bool:
     """Whether the product with w [N, K] can carry the conv of its first conv_channels outputs."""
     k, n = w.shape[1], w.shape[0]
     if streams(w):
-        return kernel == 4 and conv_channels % (8 * cuda_stream_gemv.config(k, n)[0]) == 0
+        return kernel == 4 and cuda_stream_gemv.conv_fits(w, conv_channels)
     cfg = CONFIG.get((k, n), DEFAULT)
     return kernel == 4 and (len(cfg) < 5 or cfg[4] == 1) and conv_channels % cfg[0] == 0
 

@@ -22,8 +22,10 @@
 // the instructions a row's output goes through, and their order, do not depend on R; an output
 // element of an mma depends only on its own row of A and column of B.
 //
-// CONV: the task's columns below C are the DeltaNet's conv channels (C a multiple of TC): a
-// thread a column runs the causal conv (kernel 4) over rows 0..R-1 in order, as
+// CONV: the task's columns below C are the DeltaNet's conv channels (C a multiple of TC): their
+// rounded sums are held in shared memory, and after the last task a thread a column runs the
+// causal conv (kernel 4) over rows 0..R-1 in order (all the CTA's columns at once: a thread a
+// column per task stalled the CTA R times a task), as
 // cuda_gemv._conv_epilogue does (out = silu(r0 w0 + r1 w1 + r2 w2 + x w3), the ring shifting x
 // in, the ring after row r < R-1 to the slot at tab[r] when save), and updates the ring.
 //
@@ -93,6 +95,7 @@ stream_gemv(const bf16* __restrict__ x, int xs, const bf16* w, bf16* out, int R,
     extern __shared__ __align__(128) unsigned char smem[];
     u64* full = reinterpret_cast<u64*>(smem + STAGES * SLOTB);     // a slot's bytes have landed
     float* part = reinterpret_cast<float*>(full + STAGES);         // [2][WARPS][16 rows][TC]
+    float* held = part + 2 * WARPS * 16 * TC;                      // CONV: [tasks][16 rows][TC], the rounded sums
     const int G = gridDim.x, c = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int NT = N / TC;
     const int nt = c < NT ? (NT - 1 - c) / G + 1 : 0;
@@ -171,30 +174,12 @@ stream_gemv(const bf16* __restrict__ x, int xs, const bf16* w, bf16* out, int R,
         __syncthreads();                      // (two buffers: the next task's partials go to the other)
         const float* pj = part + (j & 1) * WARPS * (16 * TC);
         const int col0 = (c + j * G) * TC;
-        if (CONV && col0 < C) {
-            if (tid < TC) {
-                const int col = col0 + tid;
-                float r0 = bf2f(__ldcg(ring + col * 3)), r1 = bf2f(__ldcg(ring + col * 3 + 1));
-                float r2 = bf2f(__ldcg(ring + col * 3 + 2));
-                const float w0 = bf2f(__ldg(cw + col * 4)), w1 = bf2f(__ldg(cw + col * 4 + 1));
-                const float w2 = bf2f(__ldg(cw + col * 4 + 2)), w3 = bf2f(__ldg(cw + col * 4 + 3));
-                for (int r = 0; r < R; ++r) {
-                    float s = 0.f;
+        if (CONV && col0 < C) {               // kept for the conv after the last task (a thread a column)
+            for (int e = tid; e < 16 * TC; e += THREADS) {
+                float sum = 0.f;
 #pragma unroll
-                    for (int v = 0; v < WARPS; ++v) s += pj[v * (16 * TC) + r * TC + tid];
-                    const float xv = round_bf(s);
-                    float a = r0 * w0;
-                    a = fmaf(r1, w1, a);
-                    a = fmaf(r2, w2, a);
-                    a = fmaf(xv, w3, a);
-                    out[(size_t)r * N + col] = f2bf(a / (1.f + expf(-a)));
-                    r0 = r1; r1 = r2; r2 = xv;
-                    if (save && r < R - 1) {
-                        bf16* slot = reinterpret_cast<bf16*>(__ldcg(tab + r));
-                        slot[col * 3] = f2bf(r0); slot[col * 3 + 1] = f2bf(r1); slot[col * 3 + 2] = f2bf(r2);
-                    }
-                }
-                ring[col * 3] = f2bf(r0); ring[col * 3 + 1] = f2bf(r1); ring[col * 3 + 2] = f2bf(r2);
+                for (int v = 0; v < WARPS; ++v) sum += pj[v * (16 * TC) + e];
+                held[j * 16 * TC + e] = round_bf(sum);
             }
         } else {
             for (int e = tid; e < 16 * TC; e += THREADS) {
@@ -206,6 +191,33 @@ stream_gemv(const bf16* __restrict__ x, int xs, const bf16* w, bf16* out, int R,
                     out[(size_t)r * N + col0 + cc] = f2bf(s);
                 }
             }
+        }
+    }
+    if (CONV) {
+        // the conv of the CTA's conv columns, all in one pass: row by row in a column (the ring
+        // carries from one row to the next), the columns side by side
+        __syncthreads();
+        for (int t = tid; t < nt * TC; t += THREADS) {
+            const int j = t / TC, cc = t % TC, col = (c + j * G) * TC + cc;
+            if (col >= C) continue;
+            float r0 = bf2f(__ldcg(ring + col * 3)), r1 = bf2f(__ldcg(ring + col * 3 + 1));
+            float r2 = bf2f(__ldcg(ring + col * 3 + 2));
+            const float w0 = bf2f(__ldg(cw + col * 4)), w1 = bf2f(__ldg(cw + col * 4 + 1));
+            const float w2 = bf2f(__ldg(cw + col * 4 + 2)), w3 = bf2f(__ldg(cw + col * 4 + 3));
+            for (int r = 0; r < R; ++r) {
+                const float xv = held[j * 16 * TC + r * TC + cc];
+                float a = r0 * w0;
+                a = fmaf(r1, w1, a);
+                a = fmaf(r2, w2, a);
+                a = fmaf(xv, w3, a);
+                out[(size_t)r * N + col] = f2bf(a / (1.f + expf(-a)));
+                r0 = r1; r1 = r2; r2 = xv;
+                if (save && r < R - 1) {
+                    bf16* slot = reinterpret_cast<bf16*>(__ldcg(tab + r));
+                    slot[col * 3] = f2bf(r0); slot[col * 3 + 1] = f2bf(r1); slot[col * 3 + 2] = f2bf(r2);
+                }
+            }
+            ring[col * 3] = f2bf(r0); ring[col * 3 + 1] = f2bf(r1); ring[col * 3 + 2] = f2bf(r2);
         }
     }
 }

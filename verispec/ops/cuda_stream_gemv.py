@@ -30,9 +30,17 @@ TRIG = 0
 _kernels: dict = {}
 
 
-def _smem(cg: int, warps: int, kc: int, spw: int) -> int:
+def _smem(cg: int, warps: int, kc: int, spw: int, tasks: int = 0) -> int:
+    """Bytes of shared memory: the slots, their barriers, two buffers of the warps' partial sums,
+    and for a conv product the sums of its `tasks` tasks a CTA."""
     stages = warps * spw
-    return stages * 8 * cg * kc * 2 + stages * 8 + 2 * warps * 16 * 8 * cg * 4
+    return stages * 8 * cg * kc * 2 + stages * 8 + 2 * warps * 16 * 8 * cg * 4 + tasks * 16 * 8 * cg * 4
+
+
+def _tasks(n: int, cg: int, sms: int) -> int:
+    """The most tasks a CTA takes (tasks dealt in turn to min(tasks, SMs) CTAs)."""
+    nt = n // (8 * cg)
+    return -(-nt // min(nt, sms))
 
 
 def config(k: int, n: int) -> tuple | None:
@@ -44,6 +52,15 @@ def config(k: int, n: int) -> tuple | None:
     ok = (k % warps == 0 and (k // warps) % kc == 0 and kc % 32 == 0 and n % (8 * cg) == 0
           and _smem(*cfg) <= SMEM_MAX)
     return cfg if ok else None
+
+
+def conv_fits(w: torch.Tensor, channels: int) -> bool:
+    """Whether a product with w carries the conv of its first `channels` columns: whole tasks of
+    conv columns, and their sums beside the ring in shared memory."""
+    cfg = config(w.shape[1], w.shape[0])
+    if cfg is None or channels % (8 * cfg[0]):
+        return False
+    return _smem(*cfg, _tasks(w.shape[0], cfg[0], cuda_nvrtc.sm_count(w.device))) <= SMEM_MAX
 
 
 def available(device: torch.device) -> bool:
@@ -59,10 +76,10 @@ def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 and w.is_contiguous() and w.data_ptr() % 16 == 0)
 
 
-def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool):
+def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int):
     cg, warps, kc, spw = cfg
-    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG)
-    smem = _smem(*cfg)
+    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, tasks)
+    smem = _smem(*cfg, tasks)
     if key not in _kernels:
         defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG}
         with torch.cuda.device(device):
@@ -80,7 +97,10 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
     if conv is not None and (conv.ring.shape[0] % tc or conv.weight.shape[1] != 4
                              or not (conv.ring.is_contiguous() and conv.weight.is_contiguous())):
         raise ValueError("the conv epilogue needs C a multiple of the task's columns and kernel 4")
-    fn, smem, threads = _kernel(x.device, k, cfg, conv is not None)
+    tasks = _tasks(n, cfg[0], cuda_nvrtc.sm_count(x.device)) if conv is not None else 0
+    if _smem(*cfg, tasks) > SMEM_MAX:
+        raise ValueError(f"the conv epilogue's sums do not fit shared memory beside the ring ({_smem(*cfg, tasks)} bytes)")
+    fn, smem, threads = _kernel(x.device, k, cfg, conv is not None, tasks)
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if conv is None:
         ring, cw, tab, c, save = y, y, y, 0, 0
