@@ -405,35 +405,38 @@ def moe_tail(eng: Engine, rounds: int) -> None:
         cuda_moe_tail.PHASES = 3
 
 
-# (name -> (early launches before the products, TRIG, CONFIG overrides)); the first is the reference
-STREAM_ARMS = {"stream": (True, 0, {}), "stream_not_early": (False, 0, {}), "stream_trig": (True, 1, {}),
-               "stream_in_8col": (True, 0, {(2048, 12352): (1, 8, 256, 6), (2048, 9216): (1, 8, 256, 6)})}
+# name -> settings over the defaults: early launches before the products (cuda_launch.EARLY_STREAM),
+# cuda_stream_gemv's TRIG, TMA2D and CONFIG entries; the first arm is the reference
+STREAM_ARMS = {"stream": {}, "stream_not_early": {"early": False}, "stream_trig0": {"TRIG": 0},
+               "stream_1d": {"TMA2D": 0}, "stream_qkv_8col": {"CONFIG": {(2048, 9216): (1, 8, 256, 6)}}}
 
 
 def stream(eng: Engine, rounds: int) -> None:
     """The stream products (verispec/ops/cuda_stream_gemv.py) in each STREAM_ARMS setting against the
     Triton products, in the graphed forward (1, 3, 4 rows). The arms with the default CONFIG must
     give the first arm's logits; the Triton arm and other CONFIGs sum in other orders."""
-    from verispec.ops import cuda_fusions, cuda_launch, cuda_stream_gemv
+    from verispec.ops import cuda_fusions, cuda_launch, cuda_stream_gemv as sg
 
-    kept = cuda_fusions.STREAM, cuda_launch.EARLY_STREAM, cuda_stream_gemv.TRIG, dict(cuda_stream_gemv.CONFIG)
+    kept = cuda_fusions.STREAM, cuda_launch.EARLY_STREAM, sg.TRIG, sg.TMA2D, dict(sg.CONFIG)
 
     def arm(setting):
         def setup():
-            cuda_stream_gemv.CONFIG.clear()
-            cuda_stream_gemv.CONFIG.update(kept[3])
             cuda_fusions.STREAM = setting is not None
+            cuda_launch.EARLY_STREAM, sg.TRIG, sg.TMA2D = kept[1:4]
+            sg.CONFIG.clear()
+            sg.CONFIG.update(kept[4])
             if setting is not None:
-                cuda_launch.EARLY_STREAM, cuda_stream_gemv.TRIG = setting[:2]
-                cuda_stream_gemv.CONFIG.update(setting[2])
+                cuda_launch.EARLY_STREAM = setting.get("early", kept[1])
+                sg.TRIG, sg.TMA2D = setting.get("TRIG", kept[2]), setting.get("TMA2D", kept[3])
+                sg.CONFIG.update(setting.get("CONFIG", {}))
         return setup
     try:
         graph_arms(eng, rounds, "stream", {**{k: arm(v) for k, v in STREAM_ARMS.items()}, "triton": arm(None)},
                    row_counts=(1, 3, 4))
     finally:
-        cuda_fusions.STREAM, cuda_launch.EARLY_STREAM, cuda_stream_gemv.TRIG = kept[:3]
-        cuda_stream_gemv.CONFIG.clear()
-        cuda_stream_gemv.CONFIG.update(kept[3])
+        cuda_fusions.STREAM, cuda_launch.EARLY_STREAM, sg.TRIG, sg.TMA2D = kept[:4]
+        sg.CONFIG.clear()
+        sg.CONFIG.update(kept[4])
 
 
 def stream_alone(rounds: int) -> None:
@@ -443,7 +446,7 @@ def stream_alone(rounds: int) -> None:
     (the norm lets a stream product launch early)."""
     from verispec.ops import cuda_fusions, cuda_gemv, cuda_norms, cuda_stream_gemv
 
-    kept = cuda_fusions.STREAM
+    kept = cuda_fusions.STREAM, cuda_stream_gemv.TMA2D
     out = {}
     bf = torch.bfloat16
     try:
@@ -466,9 +469,10 @@ def stream_alone(rounds: int) -> None:
                             xi = cuda_norms.row_norm(x.view(rows, 32, 128), cuda_norms.GATED, 1e-6, nw, z).view(rows, k)
                         cuda_gemv.linear_rows(xi, w, conv=cuda_gemv.ConvEpilogue(rings[i], cw, None) if conv else None)
                 graphs = {}
-                for arm in ("triton", "stream"):
+                for arm in ("triton", "stream", "stream_1d"):
                     for with_norm in ((False, True) if gnorm else (False,)):
-                        cuda_fusions.STREAM = arm == "stream"
+                        cuda_fusions.STREAM = arm != "triton"
+                        cuda_stream_gemv.TMA2D = int(arm != "stream_1d")
                         body(with_norm)
                         _sync()
                         g = torch.cuda.CUDAGraph()
@@ -490,7 +494,7 @@ def stream_alone(rounds: int) -> None:
             torch.cuda.empty_cache()
         RESULTS["stream_alone"] = out
     finally:
-        cuda_fusions.STREAM = kept
+        cuda_fusions.STREAM, cuda_stream_gemv.TMA2D = kept
 
 
 def pdl(eng: Engine, rounds: int) -> None:

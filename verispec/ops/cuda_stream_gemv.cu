@@ -33,8 +33,11 @@
 // slot table are read at L2 (written by earlier kernels); out, the ring and the slots are
 // written. TRIG 1 lets the next kernel launch right after the wait, 0 at the end.
 //
-// Compiled at run time by NVRTC (cuda_stream_gemv.py) with -D for K, CG, WARPS, KC, SPW, CONV
-// and TRIG. No headers: bf16 is handled as its bits.
+// Copies: TMA2D 1 requests a unit as one tile of the weight's tensor map (a 2D TMA copy); 0 as
+// TC copies of one column's 2*KC bytes (device call 86: 512-byte requests streamed at ~2.7 TB/s).
+//
+// Compiled at run time by NVRTC (cuda_stream_gemv.py) with -D for K, CG, WARPS, KC, SPW, CONV,
+// TRIG and TMA2D. No headers: bf16 is handled as its bits.
 
 typedef unsigned short bf16;
 typedef unsigned long long u64;
@@ -71,6 +74,11 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  :: "r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(b)) : "memory");
 }
+// the box at (k0, col0) of the weight's tensor map (a TC x KC tile, rows of KC elements) into dst
+__device__ __forceinline__ void tile_copy(void* dst, const void* tmap, int k0, int col0, u64* b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 :: "r"(saddr(dst)), "l"(tmap), "r"(k0), "r"(col0), "r"(saddr(b)) : "memory");
+}
 __device__ __forceinline__ void mbar_wait(u64* b, unsigned parity) {
     asm volatile("{\n\t.reg .pred p;\n"
                  "WAIT_%=:\n\t"
@@ -88,8 +96,11 @@ __device__ __forceinline__ void mma(float* c, unsigned a0, unsigned a1, unsigned
 
 __device__ __forceinline__ uint4 ldcg16(const bf16* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
 
+struct __align__(64) TensorMap { u64 opaque[16]; };   // a CUtensorMap, passed by value
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-stream_gemv(const bf16* __restrict__ x, int xs, const bf16* w, bf16* out, int R, int N,
+stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, int xs, const bf16* w, bf16* out,
+            int R, int N,
             bf16* ring, const bf16* __restrict__ cw, const u64* tab, int C, int save, int pdl)
 {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -103,9 +114,18 @@ stream_gemv(const bf16* __restrict__ x, int xs, const bf16* w, bf16* out, int R,
     unsigned char* mine = smem + warp * SPW * SLOTB;
     u64* mfull = full + warp * SPW;
 
-    // this warp's unit i into its slot i % SPW: lane 0 arms the barrier, lanes 0..TC-1 copy a column each
+    // this warp's unit i into its slot i % SPW: TMA2D, lane 0 arms the barrier and copies the tile
+    // (one request); else lanes 0..TC-1 copy a column each (TC requests of 2*KC bytes)
     auto issue = [&](int i) {
         const int j = i / UPW, u = i % UPW, sl = i % SPW;
+        if (TMA2D) {
+            if (lane == 0) {
+                mbar_expect(&mfull[sl], SLOTB);
+                tile_copy(mine + sl * SLOTB, &tmap, warp * KW + u * KC, (c + j * G) * TC, &mfull[sl]);
+            }
+            __syncwarp();
+            return;
+        }
         if (lane == 0) mbar_expect(&mfull[sl], SLOTB);
         __syncwarp();
         if (lane < TC) {

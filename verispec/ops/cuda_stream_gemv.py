@@ -25,9 +25,11 @@ SMEM_MAX = 227 * 1024
 # right after the wait (1) or at the end (0).
 CONFIG: dict[tuple[int, int], tuple[int, int, int, int]] = {
     (4096, 2048): (2, 8, 256, 2), (2048, 12352): (2, 8, 256, 3), (2048, 9216): (2, 8, 256, 3)}
-TRIG = 0
+TRIG = 1
+TMA2D = 1               # a unit as one 2D TMA tile (1) or a bulk copy per column (0)
 
 _kernels: dict = {}
+_maps: dict = {}        # (weight address, shape, KC, columns a task) -> its tensor map's 128 bytes
 
 
 def _smem(cg: int, warps: int, kc: int, spw: int, tasks: int = 0) -> int:
@@ -78,13 +80,31 @@ def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int):
     cg, warps, kc, spw = cfg
-    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, tasks)
+    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks)
     smem = _smem(*cfg, tasks)
     if key not in _kernels:
-        defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG}
+        defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG,
+                   "TMA2D": TMA2D}
         with torch.cuda.device(device):
             _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", defines, smem)
     return _kernels[key], smem, 32 * warps
+
+
+def _tensor_map(w: torch.Tensor, kc: int, tc: int):
+    """The 2D TMA descriptor of w [N, K] in tiles of tc rows by kc elements (no swizzle: the tile
+    lands as tc rows of kc elements), as the 128 bytes a kernel takes by value."""
+    n, k = w.shape
+    key = (w.data_ptr(), n, k, kc, tc)
+    if key not in _maps:
+        cu = cuda_nvrtc.cu
+        m = cuda_nvrtc.ok(cu.cuTensorMapEncodeTiled(
+            cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, w.data_ptr(),
+            [cu.cuuint64_t(k), cu.cuuint64_t(n)], [cu.cuuint64_t(2 * k)], [cu.cuuint32_t(kc), cu.cuuint32_t(tc)],
+            [cu.cuuint32_t(1), cu.cuuint32_t(1)], cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE, cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
+        _maps[key] = (ctypes.c_uint64 * 16).from_buffer_copy(ctypes.string_at(m.getPtr(), 128))
+    return _maps[key]
 
 
 def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
@@ -108,7 +128,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
         ring, cw, c = conv.ring, conv.weight, conv.ring.shape[0]
         tab, save = (conv.slots, 1) if conv.slots is not None else (conv.ring, 0)
     pdl = cuda_launch.flags(x.device)["PDL"]
-    args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_int(x.stride(0)), ctypes.c_void_p(w.data_ptr()),
+    args = [_tensor_map(w, cfg[2], tc), ctypes.c_void_p(x.data_ptr()), ctypes.c_int(x.stride(0)), ctypes.c_void_p(w.data_ptr()),
             ctypes.c_void_p(y.data_ptr()), ctypes.c_int(rows), ctypes.c_int(n), ctypes.c_void_p(ring.data_ptr()),
             ctypes.c_void_p(cw.data_ptr()), ctypes.c_void_p(tab.data_ptr()), ctypes.c_int(c), ctypes.c_int(save),
             ctypes.c_int(int(pdl))]
