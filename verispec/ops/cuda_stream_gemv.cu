@@ -22,10 +22,11 @@
 // the instructions a row's output goes through, and their order, do not depend on R; an output
 // element of an mma depends only on its own row of A and column of B.
 //
-// CONV: the task's columns below C are the DeltaNet's conv channels (C a multiple of TC): their
-// rounded sums are held in shared memory, and after the last task a thread a column runs the
-// causal conv (kernel 4) over rows 0..R-1 in order (all the CTA's columns at once: a thread a
-// column per task stalled the CTA R times a task), as
+// CONV: the task's columns below C are the DeltaNet's conv channels (C a multiple of TC; they
+// are a CTA's first tasks): their rounded sums are held in shared memory, and after the CTA's
+// last conv task a thread a column runs the causal conv (kernel 4) over rows 0..R-1 in order
+// (all the CTA's conv columns at once while the next tasks' weights arrive: a thread a column
+// per task stalled the CTA R times a task), its weights read before the wait, as
 // cuda_gemv._conv_epilogue does (out = silu(r0 w0 + r1 w1 + r2 w2 + x w3), the ring shifting x
 // in, the ring after row r < R-1 to the slot at tab[r] when save), and updates the ring.
 //
@@ -140,9 +141,24 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
     }
     __syncthreads();
     for (int i = 0; i < SPW && i < TW; ++i) issue(i);              // weights only: before the wait
+    // CONV: this CTA's first ncv tasks are conv columns; thread t < ncv * TC keeps column t's conv
+    // weights (read before the wait: weights) and ring (after it) in registers
+    const int ncv = CONV && c * TC < C ? min(nt, (C / TC - 1 - c) / G + 1) : 0;
+    const bool conv_t = tid < ncv * TC;
+    const int cv_col = (c + (tid / TC) * G) * TC + tid % TC;
+    float w0 = 0.f, w1 = 0.f, w2 = 0.f, w3 = 0.f, r0 = 0.f, r1 = 0.f, r2 = 0.f;
+    if (conv_t) {
+        w0 = bf2f(__ldg(cw + cv_col * 4)); w1 = bf2f(__ldg(cw + cv_col * 4 + 1));
+        w2 = bf2f(__ldg(cw + cv_col * 4 + 2)); w3 = bf2f(__ldg(cw + cv_col * 4 + 3));
+    }
     if (pdl) {
         asm volatile("griddepcontrol.wait;" ::: "memory");
         if (TRIG) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    }
+
+    if (conv_t) {
+        r0 = bf2f(__ldcg(ring + cv_col * 3)); r1 = bf2f(__ldcg(ring + cv_col * 3 + 1));
+        r2 = bf2f(__ldcg(ring + cv_col * 3 + 2));
     }
 
     // the A tiles of this warp's slice: row n = lane / 4 and n + 8, elements 8q..8q+7 of each step
@@ -194,12 +210,34 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
         __syncthreads();                      // (two buffers: the next task's partials go to the other)
         const float* pj = part + (j & 1) * WARPS * (16 * TC);
         const int col0 = (c + j * G) * TC;
-        if (CONV && col0 < C) {               // kept for the conv after the last task (a thread a column)
+        if (CONV && j < ncv) {                // kept for the conv after the CTA's last conv task
             for (int e = tid; e < 16 * TC; e += THREADS) {
                 float sum = 0.f;
 #pragma unroll
                 for (int v = 0; v < WARPS; ++v) sum += pj[v * (16 * TC) + e];
                 held[j * 16 * TC + e] = round_bf(sum);
+            }
+            if (j == ncv - 1) {
+                // the conv of all of them at once, a thread a column, row after row (the ring
+                // carries from one row to the next); the next tasks' weights are on their way
+                __syncthreads();
+                if (conv_t) {
+                    const int jj = tid / TC, cc = tid % TC;
+                    for (int r = 0; r < R; ++r) {
+                        const float xv = held[jj * 16 * TC + r * TC + cc];
+                        float a = r0 * w0;
+                        a = fmaf(r1, w1, a);
+                        a = fmaf(r2, w2, a);
+                        a = fmaf(xv, w3, a);
+                        out[(size_t)r * N + cv_col] = f2bf(a / (1.f + expf(-a)));
+                        r0 = r1; r1 = r2; r2 = xv;
+                        if (save && r < R - 1) {
+                            bf16* slot = reinterpret_cast<bf16*>(__ldcg(tab + r));
+                            slot[cv_col * 3] = f2bf(r0); slot[cv_col * 3 + 1] = f2bf(r1); slot[cv_col * 3 + 2] = f2bf(r2);
+                        }
+                    }
+                    ring[cv_col * 3] = f2bf(r0); ring[cv_col * 3 + 1] = f2bf(r1); ring[cv_col * 3 + 2] = f2bf(r2);
+                }
             }
         } else {
             for (int e = tid; e < 16 * TC; e += THREADS) {
@@ -211,33 +249,6 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
                     out[(size_t)r * N + col0 + cc] = f2bf(s);
                 }
             }
-        }
-    }
-    if (CONV) {
-        // the conv of the CTA's conv columns, all in one pass: row by row in a column (the ring
-        // carries from one row to the next), the columns side by side
-        __syncthreads();
-        for (int t = tid; t < nt * TC; t += THREADS) {
-            const int j = t / TC, cc = t % TC, col = (c + j * G) * TC + cc;
-            if (col >= C) continue;
-            float r0 = bf2f(__ldcg(ring + col * 3)), r1 = bf2f(__ldcg(ring + col * 3 + 1));
-            float r2 = bf2f(__ldcg(ring + col * 3 + 2));
-            const float w0 = bf2f(__ldg(cw + col * 4)), w1 = bf2f(__ldg(cw + col * 4 + 1));
-            const float w2 = bf2f(__ldg(cw + col * 4 + 2)), w3 = bf2f(__ldg(cw + col * 4 + 3));
-            for (int r = 0; r < R; ++r) {
-                const float xv = held[j * 16 * TC + r * TC + cc];
-                float a = r0 * w0;
-                a = fmaf(r1, w1, a);
-                a = fmaf(r2, w2, a);
-                a = fmaf(xv, w3, a);
-                out[(size_t)r * N + col] = f2bf(a / (1.f + expf(-a)));
-                r0 = r1; r1 = r2; r2 = xv;
-                if (save && r < R - 1) {
-                    bf16* slot = reinterpret_cast<bf16*>(__ldcg(tab + r));
-                    slot[col * 3] = f2bf(r0); slot[col * 3 + 1] = f2bf(r1); slot[col * 3 + 2] = f2bf(r2);
-                }
-            }
-            ring[col * 3] = f2bf(r0); ring[col * 3 + 1] = f2bf(r1); ring[col * 3 + 2] = f2bf(r2);
         }
     }
 }
