@@ -406,9 +406,10 @@ def moe_tail(eng: Engine, rounds: int) -> None:
 
 
 # name -> settings over the defaults: early launches before the products (cuda_launch.EARLY_STREAM),
-# cuda_stream_gemv's TRIG, TMA2D and CONFIG entries; the first arm is the reference
-STREAM_ARMS = {"stream": {}, "stream_not_early": {"early": False}, "stream_trig0": {"TRIG": 0},
-               "stream_1d": {"TMA2D": 0}, "stream_qkv_8col": {"CONFIG": {(2048, 9216): (1, 8, 256, 6)}}}
+# and before those (cuda_launch.LINKS), cuda_stream_gemv's TRIG, TMA2D and CONFIG entries; the first
+# arm is the reference (device calls 85-88 also measured TRIG 0, TMA2D 0 and 8-column tasks for the
+# attention's input product: within 1-2% or slower, bench/results/cuda_bench_stream_run8*)
+STREAM_ARMS = {"stream": {}, "stream_links": {"links": True}, "stream_not_early": {"early": False}}
 
 
 def stream(eng: Engine, rounds: int) -> None:
@@ -417,12 +418,13 @@ def stream(eng: Engine, rounds: int) -> None:
     give the first arm's logits; the Triton arm and other CONFIGs sum in other orders."""
     from verispec.ops import cuda_fusions, cuda_launch, cuda_stream_gemv as sg
 
-    kept = cuda_fusions.STREAM, cuda_launch.EARLY_STREAM, sg.TRIG, sg.TMA2D, dict(sg.CONFIG)
+    kept = cuda_fusions.STREAM, cuda_launch.EARLY_STREAM, sg.TRIG, sg.TMA2D, dict(sg.CONFIG), cuda_launch.LINKS
 
     def arm(setting):
         def setup():
             cuda_fusions.STREAM = setting is not None
             cuda_launch.EARLY_STREAM, sg.TRIG, sg.TMA2D = kept[1:4]
+            cuda_launch.LINKS = (setting or {}).get("links", kept[5])
             sg.CONFIG.clear()
             sg.CONFIG.update(kept[4])
             if setting is not None:
@@ -435,6 +437,7 @@ def stream(eng: Engine, rounds: int) -> None:
                    row_counts=(1, 3, 4))
     finally:
         cuda_fusions.STREAM, cuda_launch.EARLY_STREAM, sg.TRIG, sg.TMA2D = kept[:4]
+        cuda_launch.LINKS = kept[5]
         sg.CONFIG.clear()
         sg.CONFIG.update(kept[4])
 

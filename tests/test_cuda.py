@@ -106,9 +106,20 @@ def test_add_norm_kernel_equals_add_then_norm():
     _batched_invariant(lambda a, b: torch.cat(cuda_norms.add_row_norm(a, b, w, 1e-6), -1), x, h)
 
 
-def test_add_norm_sums_split_k_partials_as_the_product_would():
-    """The output products hand their split-K partials to add_norm (one launch fewer): the
-    same bits as the product's own sum followed by the add and norm, for every row count."""
+@pytest.fixture
+def triton_products():
+    """The Triton product for every shape (cuda_fusions.STREAM off): the tests of its split-K
+    partials and conv epilogue compare it with itself."""
+    from verispec.ops import cuda_fusions
+    kept = cuda_fusions.STREAM
+    cuda_fusions.STREAM = False
+    yield
+    cuda_fusions.STREAM = kept
+
+
+def test_add_norm_sums_split_k_partials_as_the_product_would(triton_products):
+    """A split-K product's partials handed to add_norm (one launch fewer): the same bits as the
+    product's own sum followed by the add and norm, for every row count."""
     from verispec.ops import cuda_gemv, cuda_norms
     o, wt, x, w = _rand(16, 4096), _rand(2048, 4096) * 4096 ** -0.5, _rand(16, 2048), _rand(2048) * 0.1
     assert cuda_gemv.splits(4096, 2048)
@@ -327,7 +338,7 @@ def test_delta_steps_against_torch_and_bf16_output():
     assert low.dtype == BF and torch.equal(low, high.to(BF)) and torch.equal(s3, s4)
 
 
-def test_conv_epilogue_equals_the_product_then_the_conv():
+def test_conv_epilogue_equals_the_product_then_the_conv(triton_products):
     """The input product with the causal conv in its epilogue: the same bits as the product
     followed by the per-row conv kernel (outputs, the ring, each kept row's slot), every row
     count; the columns past the conv untouched."""

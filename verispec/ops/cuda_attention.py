@@ -69,12 +69,11 @@ if triton is not None:
 
     @triton.jit
     def _attend(q_ptr, kc_ptr, vc_ptr, pos_ptr, m_ptr, l_ptr, acc_ptr, scale, NH: tl.constexpr, NKV: tl.constexpr,
-                HD: tl.constexpr, L: tl.constexpr, BLOCK_L: tl.constexpr, G: tl.constexpr, PDL: tl.constexpr):
+                HD: tl.constexpr, L: tl.constexpr, BLOCK_L: tl.constexpr, G: tl.constexpr, PDL: tl.constexpr,
+                EARLY: tl.constexpr = False):
         """Program (r, h, g): the cache blocks g, g + G, g + 2G, ... up to row r's position, with
         an online softmax in fp32; writes its running max, sum and weighted values."""
-        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
-            gdc_wait()
-            gdc_launch_dependents()
+        cuda_launch.enter(PDL, EARLY)   # nothing is touched before the previous kernel is done
         r = tl.program_id(0)
         h = tl.program_id(1)
         g = tl.program_id(2)
@@ -154,7 +153,7 @@ def gated_attention(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
     lsum = torch.empty(rows, nh, parts, dtype=torch.float32, device=proj.device)
     acc = torch.empty(rows, nh, parts, hd, dtype=torch.float32, device=proj.device)
     _attend[(rows, nh, parts)](q, kc, vc, pos, m, lsum, acc, hd ** -0.5, NH=nh, NKV=nkv, HD=hd, L=length,
-                               BLOCK_L=block_l, G=parts, num_warps=warps, **cuda_launch.flags(q.device))
+                               BLOCK_L=block_l, G=parts, num_warps=warps, **cuda_launch.flags(q.device, early="link"))
     o = torch.empty(rows, nh * hd, dtype=proj.dtype, device=proj.device)
     _attend_merge[(rows, nh)](m, lsum, acc, proj, proj.stride(0), o, NH=nh, HD=hd, G=parts, num_warps=4,
                               **cuda_launch.flags(q.device, early=True))

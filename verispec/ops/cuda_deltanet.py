@@ -86,14 +86,13 @@ if triton is not None:
     @triton.jit(do_not_specialize=["R"])
     def _delta_steps(mix_ptr, mix_stride, ba_ptr, ba_stride, alog_ptr, dtb_ptr, s_ptr, o_ptr, tab_ptr, R,
                      HV: tl.constexpr, REP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
-                     SCALE: tl.constexpr, EPS: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr):
+                     SCALE: tl.constexpr, EPS: tl.constexpr, SAVE: tl.constexpr, PDL: tl.constexpr,
+                     EARLY: tl.constexpr = False):
         """_delta_step for rows 0..R-1 in order in one launch: the state block stays in registers
         from row to row (the same fp32 values a launch per row would store and reload), each
         row's output is written, and with SAVE the state after row r < R-1 goes to the slot at
         tab[r]."""
-        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
-            gdc_wait()
-            gdc_launch_dependents()
+        cuda_launch.enter(PDL, EARLY)   # nothing is touched before the previous kernel is done
         h = tl.program_id(0)
         vb = tl.program_id(1)
         kh = h // REP
@@ -178,5 +177,5 @@ def delta_steps(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tensor, 
     _delta_steps[(hv, triton.cdiv(dv, bv))](mixed, mixed.stride(0), ba, ba.stride(0), a_log_exp, dt_bias, state, out,
                                            tab, rows, HV=hv, REP=hv // hk, DK=dk, DV=dv, BV=bv, SCALE=dk ** -0.5,
                                            EPS=eps, SAVE=slot_table is not None, num_warps=warps,
-                                           **cuda_launch.flags(mixed.device))
+                                           **cuda_launch.flags(mixed.device, early="link"))
     return out

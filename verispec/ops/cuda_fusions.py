@@ -15,13 +15,13 @@ captured, so a CUDA graph keeps what was set at its capture).
                      launches (verispec/ops/cuda_moe_tail.py; needs cuda-bindings): its sums
                      run in another order than the Triton kernels'
 
-  STREAM             (off unless asked for) the mixers' input and output products by a CUDA C++
-                     kernel that requests its weights before the previous kernel is done
-                     (verispec/ops/cuda_stream_gemv.py; needs cuda-bindings): its sums run in
-                     another order than the Triton product's
+  STREAM             the mixers' input and output products by a CUDA C++ kernel that requests
+                     its weights before the previous kernel is done (verispec/ops/cuda_stream_gemv.py;
+                     needs cuda-bindings, else the Triton product runs): its sums run in another
+                     order than the Triton product's
 
 `VERISPEC_FUSIONS_OFF=all` (or a comma-separated list of names) turns them off at import,
-`VERISPEC_FUSIONS_ON=MOE_TAIL,STREAM` turns those on;
+`VERISPEC_FUSIONS_ON=MOE_TAIL` turns that one on;
 `bench/cuda_bench.py --sections fusions` measures each against the forward without it.
 Three more were built, measured and dropped (docs/cuda.md, "Tried and dropped"): the gated
 norm in the DeltaNet output product's loads, the router in the router product's last program,
@@ -35,4 +35,4 @@ _off = set(os.environ.get("VERISPEC_FUSIONS_OFF", "").split(","))   # names, or 
 LOGITS_IN_PRODUCT = not _off & {"all", "LOGITS_IN_PRODUCT"}
 NORM_ROUTER = not _off & {"all", "NORM_ROUTER"}
 MOE_TAIL = ("MOE_TAIL" in os.environ.get("VERISPEC_FUSIONS_ON", "").split(",")) and not _off & {"all", "MOE_TAIL"}
-STREAM = ("STREAM" in os.environ.get("VERISPEC_FUSIONS_ON", "").split(",")) and not _off & {"all", "STREAM"}
+STREAM = not _off & {"all", "STREAM"}

@@ -34,14 +34,18 @@ except ImportError:  # pragma: no cover
     triton = None
 
 EARLY_STREAM = True     # bench/cuda_bench.py --sections stream turns it off for one arm
+# the kernels that lead to those (the recurrence before the gated norm, the attention's attend
+# before its merge) signal early too: the product then launches while they run
+LINKS = False
 enabled = os.environ.get("VERISPEC_PDL", "1") != "0"
 _capable: dict[int, bool] = {}
 
 
-def flags(device: torch.device, early: bool | None = None) -> dict:
+def flags(device: torch.device, early: bool | str | None = None) -> dict:
     """Extra launch arguments for one of our kernels on `device`: the kernel's PDL constexpr,
     and Triton's launch_pdl where the GPU has grid dependency control (sm_90+). early (a kernel
-    taking EARLY, see enter): whether its successor may be a stream product."""
+    taking EARLY, see enter): whether its successor may be a stream product ("link": a kernel
+    before one that may signal early, early when LINKS is set)."""
     out = {} if early is None else {"EARLY": False}
     if not (enabled and device.type == "cuda"):
         return {**out, "PDL": False}
@@ -51,7 +55,7 @@ def flags(device: torch.device, early: bool | None = None) -> dict:
     if not _capable[idx]:
         return {**out, "PDL": False}
     if early is not None:
-        out["EARLY"] = bool(early and cuda_fusions.STREAM and EARLY_STREAM)
+        out["EARLY"] = bool(early and cuda_fusions.STREAM and EARLY_STREAM and (early != "link" or LINKS))
     return {**out, "PDL": True, "launch_pdl": True}
 
 
