@@ -38,7 +38,7 @@
 // TC copies of one column's 2*KC bytes (device call 86: 512-byte requests streamed at ~2.7 TB/s).
 //
 // Compiled at run time by NVRTC (cuda_stream_gemv.py) with -D for K, CG, WARPS, KC, SPW, CONV,
-// TRIG, TMA2D and MINB (the launch bounds' CTAs a SM). No headers: bf16 is handled as its bits.
+// TRIG and TMA2D. No headers: bf16 is handled as its bits.
 
 typedef unsigned short bf16;
 typedef unsigned long long u64;
@@ -48,6 +48,7 @@ constexpr int TC = 8 * CG;                  // output columns a task
 constexpr int KW = K / WARPS;               // a warp's K slice
 constexpr int UPW = KW / KC;                // units a warp a task
 constexpr int STEPS = KC / 32;              // 32-element steps a unit
+constexpr int XS = KW / 32;                 // steps in a warp's slice (x held in registers)
 constexpr int SLOTB = TC * KC * 2;          // bytes a slot
 constexpr int STAGES = WARPS * SPW;
 static_assert(K % WARPS == 0 && KW % KC == 0 && KC % 32 == 0, "units tile a warp's slice");
@@ -94,16 +95,11 @@ __device__ __forceinline__ void mma(float* c, unsigned a0, unsigned a1, unsigned
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// 16 bytes at L2, as a volatile asm: not hoisted out of the task loop (where it would hold registers)
-__device__ __forceinline__ uint4 ldcg16v(const bf16* p) {
-    uint4 v;
-    asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
+__device__ __forceinline__ uint4 ldcg16(const bf16* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
 
 struct __align__(64) TensorMap { u64 opaque[16]; };   // a CUtensorMap, passed by value
 
-extern "C" __global__ void __launch_bounds__(THREADS, MINB)
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
 stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, int xs, const bf16* w, bf16* out,
             int R, int N,
             bf16* ring, const bf16* __restrict__ cw, const u64* tab, int C, int save, int pdl)
@@ -165,14 +161,17 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
         r2 = bf2f(__ldcg(ring + cv_col * 3 + 2));
     }
 
-    // the A tiles of this warp's slice: row n = lane / 4 and n + 8, elements 8q..8q+7 of each step,
-    // read for each unit, and only where present (a row's outputs do not depend on the other rows'
-    // values, so whether they are read changes no bit): few registers, so a CTA fits beside the
-    // kernels before it
+    // the A tiles of this warp's slice: row n = lane / 4 and n + 8, elements 8q..8q+7 of each step
     const int n = lane >> 2, q = lane & 3;
-    const bf16* xr = x + (size_t)n * xs + warp * KW + q * 8;
-    const bf16* xr8 = xr + (size_t)8 * xs;
-    const bool lo_row = n < R, hi_row = n + 8 < R;
+    uint4 xa[XS], xb[XS];
+    {
+        const bf16* xr = x + (size_t)n * xs + warp * KW + q * 8;
+#pragma unroll
+        for (int s = 0; s < XS; ++s) {
+            xa[s] = n < R ? ldcg16(xr + s * 32) : make_uint4(0, 0, 0, 0);
+            xb[s] = n + 8 < R ? ldcg16(xr + (size_t)8 * xs + s * 32) : make_uint4(0, 0, 0, 0);
+        }
+    }
 
     for (int j = 0; j < nt; ++j) {
         float acc[CG][4];
@@ -181,12 +180,6 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
 #pragma unroll
         for (int u = 0; u < UPW; ++u) {
             const int i = j * UPW + u, sl = i % SPW;
-            uint4 xa[STEPS], xb[STEPS];       // rows n and n + 8 of the unit's elements
-#pragma unroll
-            for (int st = 0; st < STEPS; ++st) {
-                xa[st] = lo_row ? ldcg16v(xr + (u * STEPS + st) * 32) : make_uint4(0, 0, 0, 0);
-                xb[st] = hi_row ? ldcg16v(xr8 + (u * STEPS + st) * 32) : make_uint4(0, 0, 0, 0);
-            }
             mbar_wait(&mfull[sl], (i / SPW) & 1);
             // column n of group g, elements 8q.. of step st: the B tile's registers (the same
             // element positions as the A tile's: logical k 2q+e <-> 8q+e, 2q+8+e <-> 8q+2+e, and
@@ -194,8 +187,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
             const unsigned char* sb = mine + sl * SLOTB + n * (2 * KC) + q * 16;
 #pragma unroll
             for (int st = 0; st < STEPS; ++st) {
-                const uint4 a = xa[st];
-                const uint4 b = xb[st];
+                const uint4 a = xa[u * STEPS + st], b = xb[u * STEPS + st];
 #pragma unroll
                 for (int g = 0; g < CG; ++g) {
                     const uint4 wv = *reinterpret_cast<const uint4*>(sb + g * 8 * (2 * KC) + st * 64);

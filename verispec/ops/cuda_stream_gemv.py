@@ -84,7 +84,7 @@ def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int):
     smem = _smem(*cfg, tasks)
     if key not in _kernels:
         defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG,
-                   "TMA2D": TMA2D, "MINB": 1}
+                   "TMA2D": TMA2D}
         with torch.cuda.device(device):
             _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", defines, smem)
     return _kernels[key], smem, 32 * warps
