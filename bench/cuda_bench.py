@@ -278,7 +278,7 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)
         out = {}
         for rows in row_counts:
             times = {k: [] for k in names}
-            got, same = {}, []
+            got, same, each = {}, [], {k: True for k in names[1:]}
             for r in range(-2, rounds):
                 for k in names:
                     m.graphs = runners[k]
@@ -291,13 +291,16 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)
                     if r >= 0:
                         times[k].append(t)
                 same.append(all(torch.equal(got[names[0]], got[k]) for k in names[1:]))   # the bits must not move
+                for k in names[1:]:
+                    each[k] = each[k] and torch.equal(got[names[0]], got[k])
             med = {k: statistics.median(v) for k, v in times.items()}
             out[rows] = {"ms": {k: v * 1e3 for k, v in med.items()},
                          "over_first": {k: v / med[names[0]] for k, v in med.items()},
-                         "times": times, "logits_equal": all(same)}
+                         "times": times, "logits_equal": all(same), "logits_equal_to_first": each}
             log(f"[{key}] rows {rows}: " + "; ".join(
                 f"{k} {med[k] * 1e3:.3f} ms [{min(times[k]) * 1e3:.3f}-{max(times[k]) * 1e3:.3f}] "
-                f"({med[k] / med[names[0]]:.3f})" for k in names) + f"; logits equal in every round: {all(same)}")
+                f"({med[k] / med[names[0]]:.3f})" for k in names) + f"; logits equal in every round: {all(same)}"
+                + (f" (each against {names[0]}: {each})" if not all(same) else ""))
         RESULTS[key] = out
     finally:
         m.graphs = kept_runner
@@ -407,9 +410,13 @@ def moe_tail(eng: Engine, rounds: int) -> None:
 
 # name -> settings over the defaults: early launches before the products (cuda_launch.EARLY_STREAM),
 # and before those (cuda_launch.LINKS), cuda_stream_gemv's TRIG, TMA2D and CONFIG entries; the first
-# arm is the reference (device calls 85-88 also measured TRIG 0, TMA2D 0 and 8-column tasks for the
-# attention's input product: within 1-2% or slower, bench/results/cuda_bench_stream_run8*)
-STREAM_ARMS = {"stream": {}, "stream_links": {"links": True}, "stream_not_early": {"early": False}}
+# arm is the reference (device calls 85-89 also measured TRIG 0, TMA2D 0, LINKS and 8-column tasks
+# for the attention's input product: within 1-2% or slower, bench/results/cuda_bench_stream_run8*).
+# Units and slots (KC, SPW) move no bit: the same steps in the same order.
+STREAM_ARMS = {"stream": {}, "stream_not_early": {"early": False},
+               "stream_in_spw2": {"CONFIG": {(2048, 12352): (2, 8, 256, 2), (2048, 9216): (2, 8, 256, 2)}},
+               "stream_kc128": {"CONFIG": {(4096, 2048): (2, 8, 128, 4), (2048, 12352): (2, 8, 128, 6),
+                                           (2048, 9216): (2, 8, 128, 6)}}}
 
 
 def stream(eng: Engine, rounds: int) -> None:

@@ -47,15 +47,6 @@ BF = torch.bfloat16
 
 if triton is not None:
     @triton.jit
-    def _enter(PDL: tl.constexpr, EARLY: tl.constexpr):
-        if PDL:
-            if EARLY:
-                gdc_launch_dependents()
-            gdc_wait()
-            if not EARLY:
-                gdc_launch_dependents()
-
-    @triton.jit
     def _now():
         return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
                                          pack=1)
@@ -69,7 +60,7 @@ if triton is not None:
     @triton.jit
     def _busy(t_ptr, ns, PDL: tl.constexpr, EARLY: tl.constexpr):
         t0 = _now()
-        _enter(PDL, EARLY)
+        cuda_launch.enter(PDL, EARLY)
         t1 = _now()
         t = t1
         while t < t1 + ns:

@@ -19,3 +19,20 @@ def moe_case():
     gu, dn = rand(e, 2 * inter, h) * h ** -0.5, rand(e, h, inter) * inter ** -0.5
     sdown, nw = rand(h, inter) * inter ** -0.5, rand(h) * 0.1
     return e, inter, h, k, router, sgu, hx, resid, gu, dn, sdown, nw
+
+
+def conv_runs(x, w, cw, ring0, m):
+    """The DeltaNet input product of x[:m] with the causal conv of its first C = len(ring0) columns
+    in its epilogue, and the same product followed by the per-row conv kernel, each from its own
+    copy of ring0 with a slot for each kept row. -> (fused [m, N], product [m, N], conv [m, C],
+    (fused's ring, its slots), (the kernel's ring, its slots))."""
+    from verispec.ops import cuda_deltanet, cuda_gemv, cuda_slots
+    c = ring0.shape[0]
+    r1, r2 = ring0.clone(), ring0.clone()
+    s1 = [torch.zeros_like(ring0) for _ in range(m - 1)]
+    s2 = [torch.zeros_like(ring0) for _ in range(m - 1)] + [None]
+    tab = cuda_slots.table_of(s1, r1) if m > 1 else None
+    fused = cuda_gemv.linear_rows(x[:m], w, conv=cuda_gemv.ConvEpilogue(r1, cw, tab))
+    y = cuda_gemv.linear_rows(x[:m], w)
+    conv = cuda_deltanet.conv_rows(y[:, :c], r2, cw, s2 if m > 1 else [])
+    return fused, y, conv, (r1, s1), (r2, s2)

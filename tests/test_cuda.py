@@ -342,20 +342,15 @@ def test_conv_epilogue_equals_the_product_then_the_conv(triton_products):
     """The input product with the causal conv in its epilogue: the same bits as the product
     followed by the per-row conv kernel (outputs, the ring, each kept row's slot), every row
     count; the columns past the conv untouched."""
-    from verispec.ops import cuda_deltanet as cd
-    from verispec.ops import cuda_gemv, cuda_slots
+    from cuda_cases import conv_runs
+
+    from verispec.ops import cuda_gemv
     c = 8192
     x, w = _rand(16, 2048), _rand(12352, 2048) * 2048 ** -0.5
     cw, ring0 = _rand(c, 4) * 0.5, _rand(c, 3)
     assert cuda_gemv.conv_fits(w, c, 4)
     for m in ROWS:
-        r1, r2 = ring0.clone(), ring0.clone()
-        s1 = [torch.zeros_like(ring0) for _ in range(m - 1)]
-        s2 = [torch.zeros_like(ring0) for _ in range(m - 1)] + [None]
-        tab = cuda_slots.table_of(s1, r1) if m > 1 else None
-        fused = cuda_gemv.linear_rows(x[:m], w, conv=cuda_gemv.ConvEpilogue(r1, cw, tab))
-        y = cuda_gemv.linear_rows(x[:m], w)
-        conv = cd.conv_rows(y[:, :c], r2, cw, s2 if m > 1 else [])
+        fused, y, conv, (r1, s1), (r2, s2) = conv_runs(x, w, cw, ring0, m)
         assert torch.equal(fused[:, :c], conv) and torch.equal(fused[:, c:], y[:, c:]), m
         assert torch.equal(r1, r2) and all(torch.equal(a, b) for a, b in zip(s1, s2)), m
 

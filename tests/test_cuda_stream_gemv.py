@@ -14,7 +14,7 @@ from test_cuda_fusions import _decode_and_verify  # noqa: E402
 
 from verispec.engine import Engine  # noqa: E402
 from verispec.execution import Execution  # noqa: E402
-from verispec.ops import cuda_fusions, cuda_gemv, cuda_launch, cuda_slots, cuda_stream_gemv  # noqa: E402
+from verispec.ops import cuda_fusions, cuda_gemv, cuda_launch, cuda_stream_gemv  # noqa: E402
 from verispec.random_model import preset_config, random_checkpoint  # noqa: E402
 
 ROWS = list(range(1, 9)) + [12, 16]
@@ -73,6 +73,8 @@ def test_stream_takes_rows_of_any_stride(stream_on):
     x = big[:, :k]
     assert not cuda_stream_gemv.fits(x, w)
     assert torch.equal(cuda_gemv.linear_rows(x, w), cuda_gemv.linear_rows(x.contiguous(), w))
+    with pytest.raises(ValueError, match="stream_gemv takes"):     # more rows than the kernel's 16 slots
+        cuda_stream_gemv.linear_rows(_rand(17, k), w)
 
 
 @needs_bindings
@@ -81,7 +83,7 @@ def test_stream_conv_epilogue(stream_on):
     conv equal the plain product's bit for bit, the ring and each kept row's slot hold the
     product's outputs (bit for bit), the conv outputs match the conv kernel on the product's
     outputs within a bf16 step, and every row count's rows equal the 16-row launch's."""
-    from verispec.ops import cuda_deltanet as cd
+    from cuda_cases import conv_runs
     torch.manual_seed(3)
     c, k, n = 8192, 2048, 12352
     x, w = _rand(16, k), _rand(n, k) * k ** -0.5
@@ -89,13 +91,7 @@ def test_stream_conv_epilogue(stream_on):
     assert cuda_gemv.conv_fits(w, c, 4) and cuda_gemv.streams(w)
     outs = {}
     for m in ROWS:
-        r1, r2 = ring0.clone(), ring0.clone()
-        s1 = [torch.zeros_like(ring0) for _ in range(m - 1)]
-        s2 = [torch.zeros_like(ring0) for _ in range(m - 1)] + [None]
-        tab = cuda_slots.table_of(s1, r1) if m > 1 else None
-        fused = cuda_gemv.linear_rows(x[:m], w, conv=cuda_gemv.ConvEpilogue(r1, cw, tab))
-        y = cuda_gemv.linear_rows(x[:m], w)
-        conv = cd.conv_rows(y[:, :c], r2, cw, s2 if m > 1 else [])
+        fused, y, conv, (r1, s1), (r2, s2) = conv_runs(x, w, cw, ring0, m)
         assert torch.equal(fused[:, c:], y[:, c:]), m
         assert torch.equal(r1, r2) and all(torch.equal(a, b) for a, b in zip(s1, s2)), m
         diff = (fused[:, :c].float() - conv.float()).abs()

@@ -33,10 +33,9 @@
 // TOPK (routed slots), NE (experts; id NE is the shared expert), SLOT (bytes), WARPS (consumer
 // warps), SPW (slots per consumer warp), EXTRA (bytes after the ring) and PHASES (3; 1 or 2
 // stop after gate/up or down, for timing probes only).
-// No headers: bf16 is handled as its bits.
+// bf16 is handled as its bits (cuda_device.cuh).
 
-typedef unsigned short bf16;
-typedef unsigned long long u64;
+#include "cuda_device.cuh"
 
 constexpr int THREADS = 32 * WARPS;
 constexpr int STAGES = WARPS * SPW;
@@ -56,13 +55,6 @@ static_assert(STAGES * 8 + 4 * WARPS + 4 * MAX_PAIRS <= EXTRA, "the shared memor
 
 __device__ __forceinline__ float lo(unsigned v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float hi(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
-__device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((unsigned)h) << 16); }
-__device__ __forceinline__ bf16 f2bf(float f) {       // round to nearest even, as torch rounds
-    bf16 r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
-    return r;
-}
-__device__ __forceinline__ float round_bf(float f) { return bf2f(f2bf(f)); }
 
 __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
     acc = fmaf(lo(w.x), lo(x.x), acc); acc = fmaf(hi(w.x), hi(x.x), acc);
@@ -92,25 +84,6 @@ __device__ __forceinline__ float warp_sum(float v) {   // a fixed butterfly: eve
     v += __shfl_xor_sync(0xffffffffu, v, 2);
     v += __shfl_xor_sync(0xffffffffu, v, 1);
     return v;
-}
-
-__device__ __forceinline__ unsigned saddr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(u64* b) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(u64* b, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(saddr(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, u64* b) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u64* b, unsigned parity) {
-    asm volatile("{\n\t.reg .pred p;\n"
-                 "WAIT_%=:\n\t"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-                 "@!p bra WAIT_%=;\n}" :: "r"(saddr(b)), "r"(parity) : "memory");
 }
 
 // Every CTA of the grid past this point has finished what its consumers wrote before (all

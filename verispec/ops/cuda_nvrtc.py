@@ -15,6 +15,7 @@ try:
 except ImportError:  # pragma: no cover - an optional dependency
     cu = nvrtc = None
 
+HEADERS = ("cuda_device.cuh",)     # package files a kernel may #include
 _sms: dict = {}
 
 
@@ -45,8 +46,11 @@ def compile_kernel(device: torch.device, source: str, name: str, defines: dict, 
     """The function `name` of the package file `source`, compiled for device with -D defines,
     allowed `smem` bytes of dynamic shared memory."""
     major, minor = torch.cuda.get_device_capability(device)
-    src = resources.files(__package__).joinpath(source).read_text()
-    prog = ok(nvrtc.nvrtcCreateProgram(src.encode(), source.encode(), 0, [], []), "nvrtcCreateProgram")
+    files = resources.files(__package__)
+    src = files.joinpath(source).read_text()
+    headers = [files.joinpath(h).read_text().encode() for h in HEADERS]
+    prog = ok(nvrtc.nvrtcCreateProgram(src.encode(), source.encode(), len(HEADERS), headers,
+                                       [h.encode() for h in HEADERS]), "nvrtcCreateProgram")
     opts = [f"--gpu-architecture=sm_{major}{minor}", "-std=c++17", "-lineinfo"]
     opts += [f"-D{k}={v}" for k, v in defines.items()]
     opts = [o.encode() for o in opts]

@@ -38,10 +38,9 @@
 // TC copies of one column's 2*KC bytes (device call 86: 512-byte requests streamed at ~2.7 TB/s).
 //
 // Compiled at run time by NVRTC (cuda_stream_gemv.py) with -D for K, CG, WARPS, KC, SPW, CONV,
-// TRIG and TMA2D. No headers: bf16 is handled as its bits.
+// TRIG and TMA2D. bf16 is handled as its bits (cuda_device.cuh).
 
-typedef unsigned short bf16;
-typedef unsigned long long u64;
+#include "cuda_device.cuh"
 
 constexpr int THREADS = 32 * WARPS;
 constexpr int TC = 8 * CG;                  // output columns a task
@@ -55,36 +54,10 @@ static_assert(K % WARPS == 0 && KW % KC == 0 && KC % 32 == 0, "units tile a warp
 static_assert(CG == 1 || CG == 2, "8 or 16 columns a task");
 static_assert(THREADS >= 16 * TC / 2, "the reduction: two elements a thread at most");
 
-__device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((unsigned)h) << 16); }
-__device__ __forceinline__ bf16 f2bf(float f) {       // round to nearest even, as torch rounds
-    bf16 r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
-    return r;
-}
-__device__ __forceinline__ float round_bf(float f) { return bf2f(f2bf(f)); }
-
-__device__ __forceinline__ unsigned saddr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(u64* b) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(u64* b, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(saddr(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, u64* b) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(b)) : "memory");
-}
 // the box at (k0, col0) of the weight's tensor map (a TC x KC tile, rows of KC elements) into dst
 __device__ __forceinline__ void tile_copy(void* dst, const void* tmap, int k0, int col0, u64* b) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                  :: "r"(saddr(dst)), "l"(tmap), "r"(k0), "r"(col0), "r"(saddr(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u64* b, unsigned parity) {
-    asm volatile("{\n\t.reg .pred p;\n"
-                 "WAIT_%=:\n\t"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-                 "@!p bra WAIT_%=;\n}" :: "r"(saddr(b)), "r"(parity) : "memory");
 }
 
 // c += a . b: a the 16 x 16 row-slot tile, b a 16 x 8 weight tile, fp32 accumulation

@@ -110,6 +110,9 @@ def _tensor_map(w: torch.Tensor, kc: int, tc: int):
 def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
     """x [R, K] @ w[N, K]^T -> [R, N] bf16 (fits() true). conv: a cuda_gemv.ConvEpilogue, the
     causal conv of the first C output columns (C a multiple of the task's columns)."""
+    if not fits(x, w):
+        raise ValueError(f"stream_gemv takes bf16 x [1..{MAX_ROWS}, K] (rows 16-byte aligned) and a configured weight; "
+                         f"got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}")
     rows, k = x.shape
     n = w.shape[0]
     cfg = config(k, n)

@@ -1,0 +1,38 @@
+"""Compile our CUDA C++ kernels through NVRTC as verispec/ops/cuda_nvrtc.py does, with the
+headers it passes, for sm_90 at the 35B-A3B shapes, without a GPU (it stops before loading the
+module). Needs libnvrtc 13 where cuda-bindings finds it, e.g.:
+
+  pip download --no-deps -d /tmp/nvrtcpkg "nvidia-cuda-nvrtc>=13,<14" && unzip -q -d /tmp/nvrtcx /tmp/nvrtcpkg/*.whl
+  LD_LIBRARY_PATH=/tmp/nvrtcx/nvidia/cu13/lib python tools/nvrtc_check.py
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from importlib import resources
+from cuda.bindings import nvrtc  # noqa: E402
+
+from verispec.ops import cuda_nvrtc  # noqa: E402
+
+
+pkg = resources.files("verispec.ops")
+
+
+def build(source, defines):
+    src = pkg.joinpath(source).read_text()
+    headers = [pkg.joinpath(h).read_text().encode() for h in cuda_nvrtc.HEADERS]
+    prog = cuda_nvrtc.ok(nvrtc.nvrtcCreateProgram(src.encode(), source.encode(), len(headers), headers,
+                                                  [h.encode() for h in cuda_nvrtc.HEADERS]), "create")
+    opts = [b"--gpu-architecture=sm_90", b"-std=c++17", b"-lineinfo"] + [f"-D{k}={v}".encode() for k, v in defines.items()]
+    st = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
+    size = cuda_nvrtc.ok(nvrtc.nvrtcGetProgramLogSize(prog), "logsize")
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    print(source, int(st), log.decode(errors="replace").strip()[:2000])
+    return int(st) == 0
+
+
+ok = build("cuda_stream_gemv.cu", dict(K=4096, CG=2, WARPS=8, KC=256, SPW=2, CONV=0, TRIG=1, TMA2D=1))
+ok &= build("cuda_stream_gemv.cu", dict(K=2048, CG=2, WARPS=8, KC=256, SPW=3, CONV=1, TRIG=1, TMA2D=1))
+ok &= build("cuda_moe_tail.cu", dict(HD=2048, ID=512, TOPK=8, NE=256, SLOT=8192, WARPS=8, SPW=3, EXTRA=2048, PHASES=3))
+sys.exit(0 if ok else 1)
