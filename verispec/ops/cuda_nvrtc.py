@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover - an optional dependency
 
 HEADERS = ("cuda_device.cuh",)     # package files a kernel may #include
 _sms: dict = {}
+_loaded: bool | None = None
 
 
 def ok(result, what: str):
@@ -27,8 +28,21 @@ def ok(result, what: str):
     return values[0] if len(values) == 1 else values
 
 
+def _loads() -> bool:
+    """Whether the NVRTC library and the driver answer (cuda-bindings may be installed without a
+    matching libnvrtc)."""
+    global _loaded
+    if _loaded is None:
+        try:
+            _loaded = int(nvrtc.nvrtcVersion()[0]) == 0 and int(cu.cuInit(0)[0]) == 0
+        except Exception:  # noqa: BLE001 - a missing or mismatched library, whatever it raises
+            _loaded = False
+    return _loaded
+
+
 def available(device: torch.device) -> bool:
-    return cu is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return (cu is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+            and _loads())
 
 
 def index(device: torch.device) -> int:

@@ -12,6 +12,7 @@ Triton path's; rows are invariant (cuda_stream_gemv.cu says why; tests/test_cuda
 from __future__ import annotations
 
 import ctypes
+import sys
 
 import torch
 
@@ -29,6 +30,7 @@ TRIG = 1
 TMA2D = 1               # a unit as one 2D TMA tile (1) or a bulk copy per column (0)
 
 _kernels: dict = {}
+_builds: dict = {}      # device index -> whether the kernel compiled there
 _maps: dict = {}        # (weight address, shape, KC, columns a task) -> its tensor map's 128 bytes
 
 
@@ -66,7 +68,21 @@ def conv_fits(w: torch.Tensor, channels: int) -> bool:
 
 
 def available(device: torch.device) -> bool:
-    return cuda_nvrtc.available(device)
+    """cuda_nvrtc.available, and the kernel compiled once for this device (a first shape): where
+    NVRTC cannot build it, the Triton products run (said once on stderr)."""
+    if not cuda_nvrtc.available(device):
+        return False
+    i = cuda_nvrtc.index(device)
+    if i not in _builds:
+        (k, n), cfg = next(iter(CONFIG.items()))
+        try:
+            _kernel(device, k, cfg, False, 0)
+            _builds[i] = True
+        except RuntimeError as e:
+            print(f"verispec: the CUDA C++ products are off (the Triton ones run): {str(e).splitlines()[0]}",
+                  file=sys.stderr)
+            _builds[i] = False
+    return _builds[i]
 
 
 def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
