@@ -59,6 +59,7 @@ def sm_count(device: torch.device) -> int:
 def compile_kernel(device: torch.device, source: str, name: str, defines: dict, smem: int):
     """The function `name` of the package file `source`, compiled for device with -D defines,
     allowed `smem` bytes of dynamic shared memory."""
+    torch.zeros(1, device=device)     # the device's primary context made current: the module loads into it
     major, minor = torch.cuda.get_device_capability(device)
     files = resources.files(__package__)
     src = files.joinpath(source).read_text()
