@@ -9,7 +9,7 @@ tail of this one instead of following it. The arithmetic is untouched (same kern
 order), so the bits are the same with PDL on or off; only the gaps between kernels change.
 
 A kernel whose successor is a cuda_stream_gemv product (the gated norm, the attention's merge,
-the MoE's combine, when cuda_fusions.STREAM is on) signals before its wait (`flags(...,
+the MoE's combine, when cuda_fusions.STREAM is on and the stream products run) signals before its wait (`flags(...,
 early=True)`, `enter`): the product's CTAs are then resident while this kernel and the one
 before it run, and request their weights then. Safe because the product reads nothing but
 weights before its own wait, and a kernel completes only after its wait returned, so the
@@ -54,8 +54,9 @@ def flags(device: torch.device, early: bool | str | None = None) -> dict:
         _capable[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
     if not _capable[idx]:
         return {**out, "PDL": False}
-    if early is not None:
-        out["EARLY"] = bool(early and cuda_fusions.STREAM and EARLY_STREAM and (early != "link" or LINKS))
+    if early and cuda_fusions.STREAM and EARLY_STREAM and (early != "link" or LINKS):
+        from . import cuda_stream_gemv    # (imports this module)
+        out["EARLY"] = cuda_stream_gemv.available(device)     # else the products are Triton's: nothing to gain
     return {**out, "PDL": True, "launch_pdl": True}
 
 

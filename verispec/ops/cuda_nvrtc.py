@@ -18,6 +18,7 @@ except ImportError:  # pragma: no cover - an optional dependency
 HEADERS = ("cuda_device.cuh",)     # package files a kernel may #include
 _sms: dict = {}
 _loaded: bool | None = None
+_hopper: dict = {}
 
 
 def ok(result, what: str):
@@ -41,8 +42,13 @@ def _loads() -> bool:
 
 
 def available(device: torch.device) -> bool:
-    return (cu is not None and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-            and _loads())
+    """cuda-bindings with NVRTC and the driver, and a GPU of compute capability 9 or later."""
+    if cu is None or device.type != "cuda":
+        return False
+    i = index(device)
+    if i not in _hopper:
+        _hopper[i] = torch.cuda.get_device_capability(i)[0] >= 9
+    return _hopper[i] and _loads()
 
 
 def index(device: torch.device) -> int:

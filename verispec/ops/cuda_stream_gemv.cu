@@ -6,13 +6,13 @@
 // weights never change, so a product can ask for them while those run; the Triton product can
 // only ask after its griddepcontrol.wait (a register preload streams at ~2.3 TB/s and a TMA
 // version in Triton needed K split 8-16 ways: docs/cuda.md, eleventh session). Here the copy
-// engine fills shared memory: each warp owns SPW slots, and the first SPW units of every warp
-// (up to ~200 KB a SM, ~26 MB over the GPU) are requested by cp.async.bulk before the wait.
+// engine (TMA) fills shared memory: each warp owns SPW slots, and the first SPW units of every
+// warp (up to ~200 KB a SM, ~26 MB over the GPU) are requested before the wait.
 //
 // Work: a task is TC consecutive output columns (TC = 8 * CG) over all of K, tasks dealt to
 // CTAs in turn (task c, c + G, ...). Within a CTA warp w owns the K slice [w*KW, (w+1)*KW);
-// a unit is the task's TC columns over KC elements of that slice (TC copies of 2*KC bytes,
-// one per column), UPW units a task. A warp accumulates its slice with tensor-core products
+// a unit is the task's TC columns over KC elements of that slice (one TMA tile, see Copies),
+// UPW units a task. A warp accumulates its slice with tensor-core products
 // (mma m16n8k16: the 16 row slots as A, 8 weight columns as B), the warps' partial sums are
 // added in warp order through shared memory, and the sum is rounded once to bf16.
 //
@@ -34,8 +34,9 @@
 // slot table are read at L2 (written by earlier kernels); out, the ring and the slots are
 // written. TRIG 1 lets the next kernel launch right after the wait, 0 at the end.
 //
-// Copies: TMA2D 1 requests a unit as one tile of the weight's tensor map (a 2D TMA copy); 0 as
-// TC copies of one column's 2*KC bytes (device call 86: 512-byte requests streamed at ~2.7 TB/s).
+// Copies: TMA2D 1 requests a unit as one tile of the weight's tensor map (a 2D TMA copy, 3.5
+// TB/s alone, device call 90); 0 as TC bulk copies of one column's 2*KC bytes (512-byte
+// requests: 2.7-2.8 TB/s, call 86).
 //
 // Compiled at run time by NVRTC (cuda_stream_gemv.py) with -D for K, CG, WARPS, KC, SPW, CONV,
 // TRIG and TMA2D. bf16 is handled as its bits (cuda_device.cuh).

@@ -1,6 +1,7 @@
 """The exact path's dense products with their weights requested before the previous kernel is
-done (cuda_stream_gemv.cu): a CUDA C++ kernel that fills shared memory with bulk async copies,
-so a product after latency-bound kernels streams its weights while they run.
+done (cuda_stream_gemv.cu): a CUDA C++ kernel whose weights reach shared memory by 2D TMA
+tiles requested ahead, so a product after latency-bound kernels streams its weights while they
+run (the kernels before it let it launch early: cuda_launch.enter).
 
 cuda_gemv.linear_rows hands a product to this kernel when cuda_fusions.STREAM is on and the
 shape is in CONFIG (the mixers' input and output products), for every row count alike (a
