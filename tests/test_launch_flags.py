@@ -6,7 +6,7 @@ GPU suites check that the launches it picks keep every bit (tests/test_cuda_stre
 import pytest
 import torch
 
-from verispec.ops import cuda_fusions, cuda_launch, cuda_stream_gemv
+from verispec.ops import cuda_fusions, cuda_launch, cuda_nvrtc, cuda_stream_gemv
 
 DEV = torch.device("cuda", 0)
 
@@ -14,7 +14,7 @@ DEV = torch.device("cuda", 0)
 @pytest.fixture
 def hopper(monkeypatch):
     monkeypatch.setattr(cuda_launch, "enabled", True)
-    monkeypatch.setattr(cuda_launch, "_capable", {0: True})
+    monkeypatch.setattr(cuda_nvrtc, "_hopper", {0: True})
     monkeypatch.setattr(cuda_launch, "EARLY_STREAM", True)
     monkeypatch.setattr(cuda_launch, "LINKS", False)
     monkeypatch.setattr(cuda_fusions, "STREAM", True)
@@ -43,9 +43,9 @@ def test_links_and_the_switches(hopper, monkeypatch):
 
 def test_no_pdl_before_hopper_or_when_off(hopper, monkeypatch):
     monkeypatch.setattr(cuda_stream_gemv, "available", lambda device: True)
-    monkeypatch.setattr(cuda_launch, "_capable", {0: False})
+    monkeypatch.setattr(cuda_nvrtc, "_hopper", {0: False})
     assert cuda_launch.flags(DEV, early=True) == {"EARLY": False, "PDL": False}
-    monkeypatch.setattr(cuda_launch, "_capable", {0: True})
+    monkeypatch.setattr(cuda_nvrtc, "_hopper", {0: True})
     monkeypatch.setattr(cuda_launch, "enabled", False)
     assert cuda_launch.flags(DEV, early=True) == {"EARLY": False, "PDL": False}
     assert cuda_launch.flags(torch.device("cpu")) == {"PDL": False}

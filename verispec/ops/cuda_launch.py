@@ -24,7 +24,7 @@ import os
 
 import torch
 
-from . import cuda_fusions
+from . import cuda_fusions, cuda_nvrtc
 
 try:
     import triton
@@ -38,7 +38,6 @@ EARLY_STREAM = True     # bench/cuda_bench.py --sections stream turns it off for
 # before its merge) signal early too: the product then launches while they run
 LINKS = False
 enabled = os.environ.get("VERISPEC_PDL", "1") != "0"
-_capable: dict[int, bool] = {}
 
 
 def flags(device: torch.device, early: bool | str | None = None) -> dict:
@@ -47,12 +46,7 @@ def flags(device: torch.device, early: bool | str | None = None) -> dict:
     taking EARLY, see enter): whether its successor may be a stream product ("link": a kernel
     before one that may signal early, early when LINKS is set)."""
     out = {} if early is None else {"EARLY": False}
-    if not (enabled and device.type == "cuda"):
-        return {**out, "PDL": False}
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _capable:
-        _capable[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
-    if not _capable[idx]:
+    if not (enabled and device.type == "cuda" and cuda_nvrtc.hopper(device)):
         return {**out, "PDL": False}
     if early and cuda_fusions.STREAM and EARLY_STREAM and (early != "link" or LINKS):
         from . import cuda_stream_gemv    # (imports this module)

@@ -43,12 +43,15 @@ def _loads() -> bool:
 
 def available(device: torch.device) -> bool:
     """cuda-bindings with NVRTC and the driver, and a GPU of compute capability 9 or later."""
-    if cu is None or device.type != "cuda":
-        return False
+    return cu is not None and device.type == "cuda" and hopper(device) and _loads()
+
+
+def hopper(device: torch.device) -> bool:
+    """Whether the CUDA device has compute capability 9 or later (grid dependency control, TMA)."""
     i = index(device)
     if i not in _hopper:
         _hopper[i] = torch.cuda.get_device_capability(i)[0] >= 9
-    return _hopper[i] and _loads()
+    return _hopper[i]
 
 
 def index(device: torch.device) -> int:
