@@ -26,6 +26,8 @@ arms interleaved within a round):
   stream     the same (1, 3 and 4 rows), the mixers' products by the CUDA kernel that requests
              its weights before the wait (cuda_fusions.STREAM) against the Triton products; with
              and without the kernels before them letting them launch early, each STREAM_ARMS
+  stream_moe the expert products by the stream kernels (each STREAM_MOE_ARMS setting) against the
+             Triton expert kernels, graphed forward, 1/3/4 rows
   stream_alone  each stream product shape alone (a graph of products with distinct weights, and
              the output product behind the DeltaNet's gated norm) against the Triton product
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
@@ -449,6 +451,36 @@ def stream(eng: Engine, rounds: int) -> None:
         sg.CONFIG.update(kept[4])
 
 
+# small_smem: 128 + 64 KiB of slots, so a down CTA fits beside a gate/up CTA on an SM
+STREAM_MOE_ARMS = {"stream_moe": {}, "stream_moe_small_smem": {"GSPW": 2, "DSPW": 1},
+                   "stream_moe_dspw1": {"DSPW": 1}, "stream_moe_gate_up_only": {"DOWN": False}}
+
+
+def stream_moe(eng: Engine, rounds: int) -> None:
+    """The expert products by the stream kernels (verispec/ops/cuda_stream_moe.py) in each
+    STREAM_MOE_ARMS setting against the Triton expert kernels, in the graphed forward (1, 3, 4 rows).
+    GR, GSPW, DSPW and the early launch change no sum's order (their arms must give the first arm's
+    logits); the Triton down kernel (DOWN False) and the Triton arm sum in other orders."""
+    from verispec.ops import cuda_fusions, cuda_stream_moe as sm
+
+    names = ("GR", "GSPW", "DSPW", "EARLY_ROUTE", "DOWN")
+    kept = cuda_fusions.STREAM_MOE, {k: getattr(sm, k) for k in names}
+
+    def arm(setting):
+        def setup():
+            cuda_fusions.STREAM_MOE = setting is not None
+            for k in names:
+                setattr(sm, k, (setting or {}).get(k, kept[1][k]))
+        return setup
+    try:
+        graph_arms(eng, rounds, "stream_moe", {**{k: arm(v) for k, v in STREAM_MOE_ARMS.items()}, "triton": arm(None)},
+                   row_counts=(1, 3, 4))
+    finally:
+        cuda_fusions.STREAM_MOE = kept[0]
+        for k in names:
+            setattr(sm, k, kept[1][k])
+
+
 def stream_alone(rounds: int) -> None:
     """Each shape of cuda_stream_gemv.CONFIG alone: a graph of products over distinct weights
     (~400 MB in all, so L2 holds none of them; the DeltaNet's input product with its conv), 1 and
@@ -692,6 +724,7 @@ def main() -> int:
              ("moe_tail", lambda: moe_tail(eng, 4 * a.rounds + 4)),
              ("stream", lambda: stream(eng, 4 * a.rounds + 4)),
              ("stream_alone", lambda: stream_alone(10 * a.rounds)),
+             ("stream_moe", lambda: stream_moe(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),

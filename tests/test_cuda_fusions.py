@@ -56,9 +56,10 @@ def test_model_with_fusions_equals_without(fusions_restored):
 @pytest.fixture
 def shared_first_restored():
     from verispec.ops import cuda_moe
-    kept = cuda_moe.SHARED_FIRST
+    kept = cuda_moe.SHARED_FIRST, cuda_fusions.STREAM_MOE
+    cuda_fusions.STREAM_MOE = False      # SHARED_FIRST is the Triton gate/up kernel's option
     yield cuda_moe
-    cuda_moe.SHARED_FIRST = kept
+    cuda_moe.SHARED_FIRST, cuda_fusions.STREAM_MOE = kept
 
 
 def test_shared_expert_first_moves_no_bit(shared_first_restored):

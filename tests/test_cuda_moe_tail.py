@@ -81,8 +81,10 @@ def test_moe_tail_rows_graph_reference_and_triton(tail_restored, monkeypatch, ri
     assert (s.float() - s_ref).norm() / s_ref.norm() < 1e-2
     assert (y.float() - y_ref).norm() / y_ref.norm() < 1e-2
     # the three Triton launches it replaces: the same sums in other orders
-    cuda_fusions.MOE_TAIL = False
+    cuda_fusions.MOE_TAIL, stream_moe = False, cuda_fusions.STREAM_MOE
+    cuda_fusions.STREAM_MOE = False
     s3, y3 = cuda_moe.experts_add_norm(**case, eps=1e-6)
+    cuda_fusions.STREAM_MOE = stream_moe
     assert (s.float() - s3.float()).norm() / s3.float().norm() < 4e-3
     assert (y.float() - y3.float()).norm() / y3.float().norm() < 4e-3
 

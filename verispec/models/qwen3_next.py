@@ -20,7 +20,7 @@ from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
 from ..ops import (cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norm_router, cuda_norms,
-                   cuda_slots)
+                   cuda_slots, cuda_stream_moe)
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -619,9 +619,12 @@ class Model:
         else:
             split = cuda_gemv.splits(*reversed(router.shape))
             logits = cuda_gemv.linear_rows(h, router, partials=split)   # split: the partials, summed by the router
-        top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk)
-        return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, m.pre[e + 1:e + 1 + 2 * si],
-                                         m.shared_down, x, norm_w, eps)
+        shared_gu = m.pre[e + 1:e + 1 + 2 * si]
+        early = cuda_stream_moe.EARLY_ROUTE and cuda_moe.stream_moe_runs(h, m.top_k + 1, m.gu_all, m.down_all,
+                                                                          shared_gu, m.shared_down)
+        top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk, early=early)
+        return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, shared_gu, m.shared_down, x, norm_w,
+                                         eps)
 
     def moe(self, m: MoE, h, lin, exact):
         exact = policy(exact)

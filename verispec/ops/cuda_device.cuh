@@ -1,5 +1,6 @@
-// Device helpers shared by our CUDA C++ kernels (cuda_moe_tail.cu, cuda_stream_gemv.cu):
-// bf16 as its bits, and the mbarrier and bulk-copy instructions of the copy engine.
+// Device helpers shared by our CUDA C++ kernels (cuda_moe_tail.cu, cuda_stream_gemv.cu,
+// cuda_stream_moe.cu): bf16 as its bits, the mbarrier, bulk-copy and 2D TMA instructions of the
+// copy engine, and the tensor-core product.
 // NVRTC gets it as a header (cuda_nvrtc.compile_kernel); no system headers.
 #pragma once
 
@@ -32,3 +33,21 @@ __device__ __forceinline__ void mbar_wait(u64* b, unsigned parity) {
                  "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
                  "@!p bra WAIT_%=;\n}" :: "r"(saddr(b)), "r"(parity) : "memory");
 }
+
+// the box at (k0, col0) of the weight's tensor map (a TC x KC tile, rows of KC elements) into dst
+__device__ __forceinline__ void tile_copy(void* dst, const void* tmap, int k0, int col0, u64* b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 :: "r"(saddr(dst)), "l"(tmap), "r"(k0), "r"(col0), "r"(saddr(b)) : "memory");
+}
+
+// c += a . b: a the 16 x 16 row-slot tile, b a 16 x 8 weight tile, fp32 accumulation
+__device__ __forceinline__ void mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                    unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint4 ldcg16(const bf16* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
+
+struct __align__(64) TensorMap { u64 opaque[16]; };   // a CUtensorMap, passed by value

@@ -20,6 +20,12 @@ captured, so a CUDA graph keeps what was set at its capture).
                      needs cuda-bindings, else the Triton product runs): its sums run in another
                      order than the Triton product's
 
+  STREAM_MOE         the MoE's expert products (gate/up + SwiGLU, down) by CUDA C++ kernels whose
+                     weights reach shared memory by TMA tiles, the shared expert's and the down
+                     weights requested before the previous kernel is done, the router letting the
+                     gate/up launch early (verispec/ops/cuda_stream_moe.py; needs cuda-bindings,
+                     else the Triton kernels run): its sums run in another order than theirs
+
 `VERISPEC_FUSIONS_OFF=all` (or a comma-separated list of names) turns them off at import,
 `VERISPEC_FUSIONS_ON=MOE_TAIL` turns that one on;
 `bench/cuda_bench.py --sections fusions` measures each against the forward without it.
@@ -36,3 +42,4 @@ LOGITS_IN_PRODUCT = not _off & {"all", "LOGITS_IN_PRODUCT"}
 NORM_ROUTER = not _off & {"all", "NORM_ROUTER"}
 MOE_TAIL = ("MOE_TAIL" in os.environ.get("VERISPEC_FUSIONS_ON", "").split(",")) and not _off & {"all", "MOE_TAIL"}
 STREAM = not _off & {"all", "STREAM"}
+STREAM_MOE = ("STREAM_MOE" in os.environ.get("VERISPEC_FUSIONS_ON", "").split(",")) and not _off & {"all", "STREAM_MOE"}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cuda_fusions, cuda_launch, cuda_moe_tail
+from . import cuda_fusions, cuda_launch, cuda_moe_tail, cuda_stream_moe
 import torch.nn.functional as F
 
 try:  # triton ships with CUDA builds of torch; the CPU machine does not have it
@@ -171,16 +171,15 @@ if triton is not None:
     @triton.jit
     def _route(x_ptr, stride, split_stride, w_ptr, i_ptr, E: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
                NORM: tl.constexpr, BLOCK_E: tl.constexpr, SPLIT: tl.constexpr, SHARED: tl.constexpr,
-               PDL: tl.constexpr):
+               PDL: tl.constexpr, EARLY: tl.constexpr = False):
         """One row's router: softmax over E logits (fp32), the top K by repeated argmax (ties
         to the lower expert id), optionally renormalised. SPLIT > 1: x holds the fp32 partials
         of the router product (SPLIT chunks of K, split_stride apart), summed here in chunk
         order and rounded to bf16 as the product's own sum would be. SHARED: column E is the
         shared expert's gate; the row gets K + 1 slots, the last the shared expert (id E) with
-        weight bf16(sigmoid(gate))."""
-        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
-            gdc_wait()
-            gdc_launch_dependents()
+        weight bf16(sigmoid(gate)). EARLY (only before the stream expert products, which read
+        nothing but weights before their wait): the next kernel launches before this one's wait."""
+        cuda_launch.enter(PDL, EARLY)   # nothing is touched before the previous kernel is done
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK_E)
         ok = offs < E
@@ -251,7 +250,7 @@ def route(logits: torch.Tensor, n_experts: int, top_k: int, norm: bool) -> tuple
 
 
 def route_shared(x: torch.Tensor, rows: int, n_experts: int, top_k: int,
-                 norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                 norm: bool, early: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The router with the shared expert as one more slot. x: the router product's output
     [R, N] (bf16), or its fp32 partial sums [SPLIT, >= R, N] over SPLIT chunks of its inputs
     (cuda_gemv.linear_rows(..., partials=True)), summed here in chunk order and rounded as the
@@ -259,7 +258,8 @@ def route_shared(x: torch.Tensor, rows: int, n_experts: int, top_k: int,
     -> weights [R, K + 1] fp32, ids [R, K + 1] int32: the top K experts, then the shared expert
     (id E) with weight bf16(sigmoid(gate)). One warp per row: the top-k's sixteen reductions
     stay within the warp (no shared-memory round trips); every row runs this same compiled
-    kernel, so its bits do not depend on the row count."""
+    kernel, so its bits do not depend on the row count. early: the next kernel is
+    cuda_stream_moe's gate/up (stream_moe_runs), which may launch before this one's wait."""
     n = x.shape[-1]
     if n < n_experts + 1 or x.stride(-1) != 1 or (x.dim() == 3 and not x.is_contiguous()):
         raise ValueError("router output: [R, >= E + 1] with unit stride, or contiguous partials [SPLIT, R, >= E + 1]")
@@ -268,7 +268,7 @@ def route_shared(x: torch.Tensor, rows: int, n_experts: int, top_k: int,
     i = torch.empty(rows, top_k + 1, dtype=torch.int32, device=x.device)
     _route[(rows,)](x, stride, split_stride, w, i, E=n_experts, TOP_K=top_k, KP=triton.next_power_of_2(top_k + 1),
                     NORM=norm, BLOCK_E=triton.next_power_of_2(n_experts), SPLIT=split, SHARED=True, num_warps=CONFIG["route"],
-                    **cuda_launch.flags(x.device))
+                    **cuda_launch.flags(x.device, early=early))
     return w, i
 
 
@@ -294,17 +294,24 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
     inter = two_i // 2
     n = ids.numel()
     gu_off = (shared_gu.data_ptr() - gu_all.data_ptr()) // gu_all.element_size() if shared_gu is not None else 0
-    dn_off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size() if shared_down is not None else 0
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     bn, bk, nw, ns = CONFIG["gate_up"]
     first = SHARED_FIRST and shared_gu is not None
     _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h,
                                               TOP_K=pairs_per_row, E=e, BLOCK_N=bn, BLOCK_K=bk, SHARED_FIRST=first,
                                               num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
-    y = torch.empty(n, h, dtype=torch.float32, device=x.device)
+    return _down(act, ids, down_all, shared_down)
+
+
+def _down(act, ids, down_all, shared_down):
+    """The down kernel over every pair of act [pairs, I] -> y [pairs, H] fp32."""
+    e, h, inter = down_all.shape
+    dn_off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size() if shared_down is not None else 0
+    y = torch.empty(act.shape[0], h, dtype=torch.float32, device=act.device)
     bn, bk, nw, ns = CONFIG["down"]
-    _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
-                                        num_warps=nw, num_stages=ns, **cuda_launch.flags(act.device))
+    _down_pair[(act.shape[0], triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn,
+                                                   BLOCK_K=bk, num_warps=nw, num_stages=ns,
+                                                   **cuda_launch.flags(act.device))
     return y
 
 
@@ -336,6 +343,14 @@ def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu
     return out
 
 
+def stream_moe_runs(x, slots: int, gu_all, down_all, shared_gu, shared_down) -> bool:
+    """Whether experts_add_norm runs x's pairs (`slots` a row: the routed, then the shared expert)
+    through cuda_stream_moe: cuda_fusions.STREAM_MOE on, the opt-in MOE_TAIL off, and the kernels
+    taking the shapes. The model asks before routing (the router may then let them launch early)."""
+    return (cuda_fusions.STREAM_MOE and not cuda_fusions.MOE_TAIL and x.device.type == "cuda"
+            and cuda_stream_moe.fits(x, slots, gu_all, down_all, shared_gu, shared_down))
+
+
 def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu_all: torch.Tensor,
                      down_all: torch.Tensor, shared_gu: torch.Tensor, shared_down: torch.Tensor,
                      resid: torch.Tensor, norm_w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -355,7 +370,12 @@ def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, 
         return cuda_moe_tail.experts_add_norm(x, top_w, top_i, gu_all, down_all, shared_gu, shared_down, resid,
                                               norm_w, eps)
     x = x.contiguous()
-    y = _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down)
+    if stream_moe_runs(x, slots, gu_all, down_all, shared_gu, shared_down):
+        act = cuda_stream_moe.gate_up(x, top_i, gu_all, down_all, shared_gu, shared_down)
+        y = (cuda_stream_moe.down(act, top_i, down_all, shared_down) if cuda_stream_moe.DOWN
+             else _down(act, top_i.reshape(-1), down_all, shared_down))
+    else:
+        y = _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down)
     s, out = torch.empty(rows, h, dtype=x.dtype, device=x.device), torch.empty(rows, h, dtype=x.dtype, device=x.device)
     resid = resid.contiguous()
     _combine[(rows, 1)](y, top_w, out, top_w, 0, out, resid, norm_w.contiguous(), s, eps, h, TOP_K=slots - 1,

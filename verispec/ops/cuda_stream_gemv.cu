@@ -55,24 +55,6 @@ static_assert(K % WARPS == 0 && KW % KC == 0 && KC % 32 == 0, "units tile a warp
 static_assert(CG == 1 || CG == 2, "8 or 16 columns a task");
 static_assert(THREADS >= 16 * TC / 2, "the reduction: two elements a thread at most");
 
-// the box at (k0, col0) of the weight's tensor map (a TC x KC tile, rows of KC elements) into dst
-__device__ __forceinline__ void tile_copy(void* dst, const void* tmap, int k0, int col0, u64* b) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                 :: "r"(saddr(dst)), "l"(tmap), "r"(k0), "r"(col0), "r"(saddr(b)) : "memory");
-}
-
-// c += a . b: a the 16 x 16 row-slot tile, b a 16 x 8 weight tile, fp32 accumulation
-__device__ __forceinline__ void mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
-                                    unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint4 ldcg16(const bf16* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
-
-struct __align__(64) TensorMap { u64 opaque[16]; };   // a CUtensorMap, passed by value
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, int xs, const bf16* w, bf16* out,
             int R, int N,
