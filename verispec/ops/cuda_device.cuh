@@ -51,3 +51,17 @@ __device__ __forceinline__ void mma(float* c, unsigned a0, unsigned a1, unsigned
 __device__ __forceinline__ uint4 ldcg16(const bf16* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
 
 struct __align__(64) TensorMap { u64 opaque[16]; };   // a CUtensorMap, passed by value
+
+// The A tiles of a warp's K slice (XS 32-element steps from element k0) of x's R rows (row stride
+// xs): xa row n = lane / 4, xb row n + 8, elements 8q.. of each step (q = lane % 4), the mma's A
+// registers; rows past R are zeros
+template <int XS>
+__device__ __forceinline__ void load_a_rows(const bf16* x, int xs, int R, int k0, int lane, uint4* xa, uint4* xb) {
+    const int n = lane >> 2, q = lane & 3;
+    const bf16* xr = x + (size_t)n * xs + k0 + q * 8;
+#pragma unroll
+    for (int s = 0; s < XS; ++s) {
+        xa[s] = n < R ? ldcg16(xr + s * 32) : make_uint4(0, 0, 0, 0);
+        xb[s] = n + 8 < R ? ldcg16(xr + (size_t)8 * xs + s * 32) : make_uint4(0, 0, 0, 0);
+    }
+}

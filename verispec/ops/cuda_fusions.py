@@ -20,14 +20,16 @@ captured, so a CUDA graph keeps what was set at its capture).
                      needs cuda-bindings, else the Triton product runs): its sums run in another
                      order than the Triton product's
 
-  STREAM_MOE         the MoE's expert products (gate/up + SwiGLU, down) by CUDA C++ kernels whose
+  STREAM_MOE         (off unless asked for: exact, but 1.0-3.3% slower than the Triton kernels in
+                     the graphed forward, docs/cuda.md, fifteenth session)
+                     the MoE's expert products (gate/up + SwiGLU, down) by CUDA C++ kernels whose
                      weights reach shared memory by TMA tiles, the shared expert's and the down
                      weights requested before the previous kernel is done, the router letting the
                      gate/up launch early (verispec/ops/cuda_stream_moe.py; needs cuda-bindings,
                      else the Triton kernels run): its sums run in another order than theirs
 
 `VERISPEC_FUSIONS_OFF=all` (or a comma-separated list of names) turns them off at import,
-`VERISPEC_FUSIONS_ON=MOE_TAIL` turns that one on;
+`VERISPEC_FUSIONS_ON=MOE_TAIL,STREAM_MOE` turns those on;
 `bench/cuda_bench.py --sections fusions` measures each against the forward without it.
 Three more were built, measured and dropped (docs/cuda.md, "Tried and dropped"): the gated
 norm in the DeltaNet output product's loads, the router in the router product's last program,

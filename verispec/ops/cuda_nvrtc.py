@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover - an optional dependency
 
 HEADERS = ("cuda_device.cuh",)     # package files a kernel may #include
 _sms: dict = {}
+_maps: dict = {}        # (address, rows, K, box rows, box K) -> a tensor map's 128 bytes
 _loaded: bool | None = None
 _hopper: dict = {}
 
@@ -113,3 +114,21 @@ def launch(fn, smem: int, threads: int, grid: int, stream: int, pdl: bool, args:
         cfg.numAttrs = 0
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     ok(cu.cuLaunchKernelEx(cfg, fn, ctypes.addressof(params), 0), f"cuLaunchKernelEx({what})")
+
+
+def tensor_map(w: torch.Tensor, box_rows: int, box_k: int):
+    """The 2D TMA descriptor of w viewed as [rows, K] (K its last dimension, contiguous) in boxes of
+    box_rows rows by box_k elements, no swizzle (a box lands as box_rows rows of box_k elements), as
+    the 128 bytes a kernel takes by value (TensorMap in cuda_device.cuh)."""
+    k = w.shape[-1]
+    rows = w.numel() // k
+    key = (w.data_ptr(), rows, k, box_rows, box_k)
+    if key not in _maps:
+        m = ok(cu.cuTensorMapEncodeTiled(
+            cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, w.data_ptr(),
+            [cu.cuuint64_t(k), cu.cuuint64_t(rows)], [cu.cuuint64_t(2 * k)], [cu.cuuint32_t(box_k), cu.cuuint32_t(box_rows)],
+            [cu.cuuint32_t(1), cu.cuuint32_t(1)], cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE, cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
+        _maps[key] = (ctypes.c_uint64 * 16).from_buffer_copy(ctypes.string_at(m.getPtr(), 128))
+    return _maps[key]

@@ -120,14 +120,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
     // the A tiles of this warp's slice: row n = lane / 4 and n + 8, elements 8q..8q+7 of each step
     const int n = lane >> 2, q = lane & 3;
     uint4 xa[XS], xb[XS];
-    {
-        const bf16* xr = x + (size_t)n * xs + warp * KW + q * 8;
-#pragma unroll
-        for (int s = 0; s < XS; ++s) {
-            xa[s] = n < R ? ldcg16(xr + s * 32) : make_uint4(0, 0, 0, 0);
-            xb[s] = n + 8 < R ? ldcg16(xr + (size_t)8 * xs + s * 32) : make_uint4(0, 0, 0, 0);
-        }
-    }
+    load_a_rows<XS>(x, xs, R, warp * KW, lane, xa, xb);
 
     for (int j = 0; j < nt; ++j) {
         float acc[CG][4];

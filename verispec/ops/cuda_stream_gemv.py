@@ -32,7 +32,6 @@ TMA2D = 1               # a unit as one 2D TMA tile (1) or a bulk copy per colum
 
 _kernels: dict = {}
 _builds: dict = {}      # device index -> whether the kernel compiled there
-_maps: dict = {}        # (weight address, shape, KC, columns a task) -> its tensor map's 128 bytes
 
 
 def _smem(cg: int, warps: int, kc: int, spw: int, tasks: int = 0) -> int:
@@ -107,23 +106,6 @@ def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int):
     return _kernels[key], smem, 32 * warps
 
 
-def _tensor_map(w: torch.Tensor, kc: int, tc: int):
-    """The 2D TMA descriptor of w [N, K] in tiles of tc rows by kc elements (no swizzle: the tile
-    lands as tc rows of kc elements), as the 128 bytes a kernel takes by value."""
-    n, k = w.shape
-    key = (w.data_ptr(), n, k, kc, tc)
-    if key not in _maps:
-        cu = cuda_nvrtc.cu
-        m = cuda_nvrtc.ok(cu.cuTensorMapEncodeTiled(
-            cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, w.data_ptr(),
-            [cu.cuuint64_t(k), cu.cuuint64_t(n)], [cu.cuuint64_t(2 * k)], [cu.cuuint32_t(kc), cu.cuuint32_t(tc)],
-            [cu.cuuint32_t(1), cu.cuuint32_t(1)], cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE, cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
-        _maps[key] = (ctypes.c_uint64 * 16).from_buffer_copy(ctypes.string_at(m.getPtr(), 128))
-    return _maps[key]
-
-
 def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
     """x [R, K] @ w[N, K]^T -> [R, N] bf16 (fits() true). conv: a cuda_gemv.ConvEpilogue, the
     causal conv of the first C output columns (C a multiple of the task's columns)."""
@@ -148,7 +130,8 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
         ring, cw, c = conv.ring, conv.weight, conv.ring.shape[0]
         tab, save = (conv.slots, 1) if conv.slots is not None else (conv.ring, 0)
     pdl = cuda_launch.flags(x.device)["PDL"]
-    args = [_tensor_map(w, cfg[2], tc), ctypes.c_void_p(x.data_ptr()), ctypes.c_int(x.stride(0)), ctypes.c_void_p(w.data_ptr()),
+    args = [cuda_nvrtc.tensor_map(w, tc, cfg[2]), ctypes.c_void_p(x.data_ptr()), ctypes.c_int(x.stride(0)),
+            ctypes.c_void_p(w.data_ptr()),
             ctypes.c_void_p(y.data_ptr()), ctypes.c_int(rows), ctypes.c_int(n), ctypes.c_void_p(ring.data_ptr()),
             ctypes.c_void_p(cw.data_ptr()), ctypes.c_void_p(tab.data_ptr()), ctypes.c_int(c), ctypes.c_int(save),
             ctypes.c_int(int(pdl))]

@@ -117,14 +117,7 @@ moe_gate_up(const __grid_constant__ TensorMap tm_e, const __grid_constant__ Tens
     // the A tile of this warp's slice: x's row n = lane / 4 and n + 8, elements 8q.. of each step
     const int n = lane >> 2, q = lane & 3;
     uint4 xa[GSTEPS], xb[GSTEPS];
-    {
-        const bf16* xr = x + (size_t)n * xs + warp * GKW + q * 8;
-#pragma unroll
-        for (int s = 0; s < GSTEPS; ++s) {
-            xa[s] = n < R ? ldcg16(xr + s * 32) : make_uint4(0, 0, 0, 0);
-            xb[s] = n + 8 < R ? ldcg16(xr + (size_t)8 * xs + s * 32) : make_uint4(0, 0, 0, 0);
-        }
-    }
+    load_a_rows<GSTEPS>(x, xs, R, warp * GKW, lane, xa, xb);
 
     for (int j = 0; j < nt; ++j) {
         int gq;

@@ -1,12 +1,17 @@
 """The MoE's expert products in the stream design (cuda_stream_moe.cu): gate/up + SwiGLU and down
-over every (row, slot) pair, their weights brought to shared memory by 2D TMA tiles, the shared
-expert's gate/up units and every down unit requested before the previous kernel is done.
+over every (row, slot) pair, the gate/up weights brought to shared memory by 2D TMA tiles and the
+down weights by 8 KiB bulk copies, the shared expert's gate/up units and every down unit requested
+before the previous kernel is done.
 
-cuda_moe.experts_add_norm hands the pairs to these two kernels when cuda_fusions.STREAM_MOE is on
-and `fits` holds (bf16, a shape the kernels compile for, cuda-bindings with NVRTC); else the
-Triton kernels (_gate_up_act, _down_pair) run. The sums run in another order than the Triton
-kernels' (tensor-core steps of 32, then the warps' partials in order), so the logits differ from
-the Triton path's; rows are invariant (cuda_stream_moe.cu says why; tests/test_cuda_stream_moe.py).
+Opt-in (cuda_fusions.STREAM_MOE, `VERISPEC_FUSIONS_ON=STREAM_MOE`): exact, but 1.0-3.3% slower than
+the Triton kernels in the graphed 40-layer forward (device calls 94-96, docs/cuda.md, fifteenth
+session): a routed expert's weights can be asked for only once the router's ids are read, so the
+early requests that made the dense stream products pay cover only the shared expert here.
+cuda_moe.experts_add_norm hands the pairs to these two kernels when it is on and `fits` holds
+(bf16, a shape the kernels compile for, cuda-bindings with NVRTC); else the Triton kernels
+(_gate_up_act, _down_pair) run. The sums run in another order than the Triton kernels'
+(tensor-core steps of 32, then the warps' partials in order), so the logits differ from the
+Triton path's; rows are invariant (cuda_stream_moe.cu says why; tests/test_cuda_stream_moe.py).
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ TRIG = 1
 EARLY_ROUTE = True
 
 _kernels: dict = {}
-_maps: dict = {}        # (address, rows, K, box rows, box K) -> the tensor map's 128 bytes
 _builds: dict = {}
 
 
@@ -96,24 +100,6 @@ def _kernel(device: torch.device, h: int, inter: int, slots: int):
     return _kernels[key]
 
 
-def _tensor_map(w: torch.Tensor, box_rows: int, box_k: int):
-    """The 2D TMA descriptor of w viewed as [rows, K] (K its last dimension) in boxes of box_rows
-    rows by box_k elements, no swizzle, as the 128 bytes a kernel takes by value."""
-    k = w.shape[-1]
-    rows = w.numel() // k
-    key = (w.data_ptr(), rows, k, box_rows, box_k)
-    if key not in _maps:
-        cu = cuda_nvrtc.cu
-        m = cuda_nvrtc.ok(cu.cuTensorMapEncodeTiled(
-            cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, w.data_ptr(),
-            [cu.cuuint64_t(k), cu.cuuint64_t(rows)], [cu.cuuint64_t(2 * k)], [cu.cuuint32_t(box_k), cu.cuuint32_t(box_rows)],
-            [cu.cuuint32_t(1), cu.cuuint32_t(1)], cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE, cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
-        _maps[key] = (ctypes.c_uint64 * 16).from_buffer_copy(ctypes.string_at(m.getPtr(), 128))
-    return _maps[key]
-
-
 def _check(x, top_i, gu_all, down_all, shared_gu, shared_down) -> None:
     ok_ids = top_i.dtype == torch.int32 and top_i.is_contiguous() and top_i.dim() == 2 and top_i.shape[0] == x.shape[0]
     if not (ok_ids and fits(x, top_i.shape[-1], gu_all, down_all, shared_gu, shared_down)):
@@ -133,8 +119,8 @@ def gate_up(x, top_i, gu_all, down_all, shared_gu, shared_down) -> torch.Tensor:
     fgu, _, smem, _ = _kernel(x.device, h, inter, slots)
     act = torch.empty(rows * slots, inter, dtype=x.dtype, device=x.device)
     pdl = cuda_launch.flags(x.device)["PDL"]
-    args = [_tensor_map(gu_all, GR, h // GW), _tensor_map(shared_gu, GR, h // GW), ctypes.c_void_p(x.data_ptr()),
-            ctypes.c_int(x.stride(0)), ctypes.c_void_p(top_i.data_ptr()), ctypes.c_void_p(act.data_ptr()),
+    args = [cuda_nvrtc.tensor_map(gu_all, GR, h // GW), cuda_nvrtc.tensor_map(shared_gu, GR, h // GW),
+            ctypes.c_void_p(x.data_ptr()), ctypes.c_int(x.stride(0)), ctypes.c_void_p(top_i.data_ptr()), ctypes.c_void_p(act.data_ptr()),
             ctypes.c_int(rows), ctypes.c_int(int(pdl))]
     cuda_nvrtc.launch(fgu, smem, 32 * GW, min(rows * slots * (inter // GR), cuda_nvrtc.sm_count(x.device)),
                       torch.cuda.current_stream(x.device).cuda_stream, pdl, args, "moe_gate_up")
