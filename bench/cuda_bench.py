@@ -453,17 +453,18 @@ def stream(eng: Engine, rounds: int) -> None:
 
 # small_smem: 128 + 64 KiB of slots, so a down CTA fits beside a gate/up CTA on an SM
 STREAM_MOE_ARMS = {"stream_moe": {}, "stream_moe_small_smem": {"GSPW": 2, "DSPW": 1},
-                   "stream_moe_dspw1": {"DSPW": 1}, "stream_moe_gate_up_only": {"DOWN": False}}
+                   "stream_moe_dspw1": {"DSPW": 1}}
 
 
 def stream_moe(eng: Engine, rounds: int) -> None:
     """The expert products by the stream kernels (verispec/ops/cuda_stream_moe.py) in each
     STREAM_MOE_ARMS setting against the Triton expert kernels, in the graphed forward (1, 3, 4 rows).
     GR, GSPW, DSPW and the early launch change no sum's order (their arms must give the first arm's
-    logits); the Triton down kernel (DOWN False) and the Triton arm sum in other orders."""
+    logits); the Triton arm sums in other orders. (Calls 95-96 also ran the stream gate/up with the
+    Triton down: docs/cuda.md.)"""
     from verispec.ops import cuda_fusions, cuda_stream_moe as sm
 
-    names = ("GR", "GSPW", "DSPW", "EARLY_ROUTE", "DOWN")
+    names = ("GR", "GSPW", "DSPW", "EARLY_ROUTE")
     kept = cuda_fusions.STREAM_MOE, {k: getattr(sm, k) for k in names}
 
     def arm(setting):

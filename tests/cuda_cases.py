@@ -1,8 +1,37 @@
-"""Inputs shared by the GPU tests of the MoE kernels (imported only where a GPU is present)."""
+"""Inputs and checks shared by the GPU tests of our kernels (their skips make them harmless
+where no GPU is present)."""
 
+import pytest
 import torch
 
+from verispec.ops import cuda_nvrtc
+
 BF = torch.bfloat16
+# the CUDA C++ kernels' tests: skipped only without the library or the GPU (a kernel that does not
+# build fails them)
+needs_bindings = pytest.mark.skipif(not (torch.cuda.is_available() and cuda_nvrtc.available(torch.device("cuda"))),
+                                    reason="no cuda-bindings (NVRTC) or GPU older than sm_90")
+MODEL_IDS = [6, 2, 8, 3, 1, 8]
+
+
+def model_rows_by_arm(seed: int, arms) -> list:
+    """The real-shaped model (4 layers of the 35B-A3B shape) built once; for each arm (graphs,
+    setup: a function that sets the kernels' options first) a fresh engine's logits of MODEL_IDS
+    decoded a row at a time, each asserted bit for bit equal to the same ids as one verify.
+    -> the logits, one tensor an arm."""
+    from test_cuda_fusions import _decode_and_verify
+    from verispec.engine import Engine
+    from verispec.execution import Execution
+    from verispec.random_model import preset_config, random_checkpoint
+    ck = random_checkpoint(preset_config("qwen3.6-35b-a3b-shape", layers=4), seed=seed, device="cuda")
+    out = []
+    for i, (graphs, setup) in enumerate(arms):
+        setup()
+        eng = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=graphs))
+        ones, many = _decode_and_verify(eng.model, MODEL_IDS)
+        assert torch.equal(ones, many), (i, graphs)
+        out.append(ones)
+    return out
 
 
 def moe_case():

@@ -10,18 +10,12 @@ import torch.nn.functional as F
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 
-from test_cuda_fusions import _decode_and_verify  # noqa: E402
+from cuda_cases import model_rows_by_arm, needs_bindings  # noqa: E402
 
-from verispec.engine import Engine  # noqa: E402
-from verispec.execution import Execution  # noqa: E402
-from verispec.ops import cuda_fusions, cuda_gemv, cuda_launch, cuda_nvrtc, cuda_stream_gemv  # noqa: E402
-from verispec.random_model import preset_config, random_checkpoint  # noqa: E402
+from verispec.ops import cuda_fusions, cuda_gemv, cuda_launch, cuda_stream_gemv  # noqa: E402
 
 ROWS = list(range(1, 9)) + [12, 16]
 BF = torch.bfloat16
-# skipped only without the library or the GPU: a kernel that does not build fails the tests
-needs_bindings = pytest.mark.skipif(not (torch.cuda.is_available() and cuda_nvrtc.available(torch.device("cuda"))),
-                                    reason="no cuda-bindings (NVRTC) or GPU older than sm_90")
 
 
 def _rand(*shape):
@@ -107,18 +101,12 @@ def test_model_rows_invariant_with_stream_products(stream_on):
     """The real-shaped model with the stream products: a verify's rows equal decode rows bit for
     bit, eager and graphed alike; the graphed logits equal the eager ones; the early launches
     before the products move no bit; the Triton products give other sums, close to these."""
-    ck = random_checkpoint(preset_config("qwen3.6-35b-a3b-shape", layers=4), seed=29, device="cuda")
-    ids = [6, 2, 8, 3, 1, 8]
-    got = []
-    for graphs, early in ((False, True), (True, True), (True, False)):
-        cuda_launch.EARLY_STREAM = early
-        eng = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=graphs))
-        ones, many = _decode_and_verify(eng.model, ids)
-        assert torch.equal(ones, many), (graphs, early)
-        got.append(ones)
+    def early(on):
+        return lambda: setattr(cuda_launch, "EARLY_STREAM", on)
+
+    def triton():
+        cuda_fusions.STREAM = False
+    got = model_rows_by_arm(29, [(False, early(True)), (True, early(True)), (True, early(False)), (False, triton)])
     assert torch.equal(got[0], got[1]) and torch.equal(got[1], got[2])
-    cuda_fusions.STREAM = False
-    eng = Engine.from_checkpoint(ck, Execution.for_device("cuda", graphs=False))
-    ones, _ = _decode_and_verify(eng.model, ids)
-    assert not torch.equal(ones, got[0])
-    assert (ones - got[0]).abs().max() < 0.25 * ones.abs().max()
+    assert not torch.equal(got[3], got[0])
+    assert (got[3] - got[0]).abs().max() < 0.25 * got[3].abs().max()

@@ -10,7 +10,7 @@ batched one (prefill).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -620,11 +620,14 @@ class Model:
             split = cuda_gemv.splits(*reversed(router.shape))
             logits = cuda_gemv.linear_rows(h, router, partials=split)   # split: the partials, summed by the router
         shared_gu = m.pre[e + 1:e + 1 + 2 * si]
-        early = cuda_stream_moe.EARLY_ROUTE and cuda_moe.stream_moe_runs(h, m.top_k + 1, m.gu_all, m.down_all,
-                                                                          shared_gu, m.shared_down)
-        top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk, early=early)
+        h = h.contiguous()
+        # one answer for both: the router may let only the stream gate/up launch early (the Triton
+        # gate/up's shared programs read h before their wait)
+        stream = cuda_moe.stream_moe_runs(h, m.top_k + 1, m.gu_all, m.down_all, shared_gu, m.shared_down)
+        top_w, top_i = cuda_moe.route_shared(logits, h.shape[0], e, m.top_k, m.norm_topk,
+                                             early=stream and cuda_stream_moe.EARLY_ROUTE)
         return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, shared_gu, m.shared_down, x, norm_w,
-                                         eps)
+                                         eps, stream=stream)
 
     def moe(self, m: MoE, h, lin, exact):
         exact = policy(exact)

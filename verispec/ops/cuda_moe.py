@@ -294,24 +294,17 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
     inter = two_i // 2
     n = ids.numel()
     gu_off = (shared_gu.data_ptr() - gu_all.data_ptr()) // gu_all.element_size() if shared_gu is not None else 0
+    dn_off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size() if shared_down is not None else 0
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     bn, bk, nw, ns = CONFIG["gate_up"]
     first = SHARED_FIRST and shared_gu is not None
     _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h,
                                               TOP_K=pairs_per_row, E=e, BLOCK_N=bn, BLOCK_K=bk, SHARED_FIRST=first,
                                               num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
-    return _down(act, ids, down_all, shared_down)
-
-
-def _down(act, ids, down_all, shared_down):
-    """The down kernel over every pair of act [pairs, I] -> y [pairs, H] fp32."""
-    e, h, inter = down_all.shape
-    dn_off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size() if shared_down is not None else 0
-    y = torch.empty(act.shape[0], h, dtype=torch.float32, device=act.device)
+    y = torch.empty(n, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
-    _down_pair[(act.shape[0], triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn,
-                                                   BLOCK_K=bk, num_warps=nw, num_stages=ns,
-                                                   **cuda_launch.flags(act.device))
+    _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
+                                        num_warps=nw, num_stages=ns, **cuda_launch.flags(act.device))
     return y
 
 
@@ -353,13 +346,16 @@ def stream_moe_runs(x, slots: int, gu_all, down_all, shared_gu, shared_down) -> 
 
 def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu_all: torch.Tensor,
                      down_all: torch.Tensor, shared_gu: torch.Tensor, shared_down: torch.Tensor,
-                     resid: torch.Tensor, norm_w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     resid: torch.Tensor, norm_w: torch.Tensor, eps: float,
+                     stream: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole MoE after the router, and the residual add with the next norm, in three
     launches (or, with cuda_fusions.MOE_TAIL where cuda_moe_tail fits, one). top_w, top_i [R, K + 1] from route_shared (slot K: the shared expert, id E);
     shared_gu [2I, H] and shared_down [H, I] (the shared expert's weights, any storage: its
     pairs read them in place of an expert's); resid [R, H] the residual stream. x must be
     written before the launch that made top_i: the shared expert's programs read it before
     their wait (SHARED_FIRST; the router between them keeps it so).
+    stream: the caller's stream_moe_runs answer, given when it let the router launch the stream
+    gate/up early (so the two cannot disagree); None: asked here.
     -> (resid + moe(x), ZC-norm of it with norm_w), as add_row_norm would return them."""
     rows, slots = top_i.shape
     h = gu_all.shape[2]
@@ -370,12 +366,10 @@ def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, 
         return cuda_moe_tail.experts_add_norm(x, top_w, top_i, gu_all, down_all, shared_gu, shared_down, resid,
                                               norm_w, eps)
     x = x.contiguous()
-    if stream_moe_runs(x, slots, gu_all, down_all, shared_gu, shared_down):
-        act = cuda_stream_moe.gate_up(x, top_i, gu_all, down_all, shared_gu, shared_down)
-        y = (cuda_stream_moe.down(act, top_i, down_all, shared_down) if cuda_stream_moe.DOWN
-             else _down(act, top_i.reshape(-1), down_all, shared_down))
-    else:
-        y = _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down)
+    if stream is None:
+        stream = stream_moe_runs(x, slots, gu_all, down_all, shared_gu, shared_down)
+    y = (cuda_stream_moe.pairs(x, top_i, gu_all, down_all, shared_gu, shared_down) if stream
+         else _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down))
     s, out = torch.empty(rows, h, dtype=x.dtype, device=x.device), torch.empty(rows, h, dtype=x.dtype, device=x.device)
     resid = resid.contiguous()
     _combine[(rows, 1)](y, top_w, out, top_w, 0, out, resid, norm_w.contiguous(), s, eps, h, TOP_K=slots - 1,

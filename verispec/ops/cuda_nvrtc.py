@@ -5,6 +5,7 @@ callers fall back to their Triton kernels (each module's `available`)."""
 from __future__ import annotations
 
 import ctypes
+import sys
 from importlib import resources
 
 import torch
@@ -45,6 +46,23 @@ def _loads() -> bool:
 def available(device: torch.device) -> bool:
     """cuda-bindings with NVRTC and the driver, and a GPU of compute capability 9 or later."""
     return cu is not None and device.type == "cuda" and hopper(device) and _loads()
+
+
+def builds(device: torch.device, cache: dict, build, what: str) -> bool:
+    """available(device), and build() (a first kernel compiled for the device) succeeded: asked
+    once a device, the answer kept in cache. Where NVRTC cannot build it, `what` are off and the
+    Triton kernels run, said once on stderr."""
+    if not available(device):
+        return False
+    i = index(device)
+    if i not in cache:
+        try:
+            build()
+            cache[i] = True
+        except RuntimeError as e:
+            print(f"verispec: {what} are off (the Triton ones run): {str(e).splitlines()[0]}", file=sys.stderr)
+            cache[i] = False
+    return cache[i]
 
 
 def hopper(device: torch.device) -> bool:

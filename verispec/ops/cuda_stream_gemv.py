@@ -13,7 +13,6 @@ Triton path's; rows are invariant (cuda_stream_gemv.cu says why; tests/test_cuda
 from __future__ import annotations
 
 import ctypes
-import sys
 
 import torch
 
@@ -70,19 +69,8 @@ def conv_fits(w: torch.Tensor, channels: int) -> bool:
 def available(device: torch.device) -> bool:
     """cuda_nvrtc.available, and the kernel compiled once for this device (a first shape): where
     NVRTC cannot build it, the Triton products run (said once on stderr)."""
-    if not cuda_nvrtc.available(device):
-        return False
-    i = cuda_nvrtc.index(device)
-    if i not in _builds:
-        (k, n), cfg = next(iter(CONFIG.items()))
-        try:
-            _kernel(device, k, cfg, False, 0)
-            _builds[i] = True
-        except RuntimeError as e:
-            print(f"verispec: the CUDA C++ products are off (the Triton ones run): {str(e).splitlines()[0]}",
-                  file=sys.stderr)
-            _builds[i] = False
-    return _builds[i]
+    (k, n), cfg = next(iter(CONFIG.items()))
+    return cuda_nvrtc.builds(device, _builds, lambda: _kernel(device, k, cfg, False, 0), "the CUDA C++ products")
 
 
 def fits(x: torch.Tensor, w: torch.Tensor) -> bool:

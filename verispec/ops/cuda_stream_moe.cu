@@ -7,30 +7,31 @@
 // (docs/cuda.md, thirteenth session). And the copies can start before griddepcontrol.wait where
 // what they read is known: the shared expert's gate/up units (its weights are fixed), and every
 // down unit (the ids were written by the router, two launches back, which has completed once
-// moe_gate_up has passed its wait and let moe_down launch).
+// moe_gate_up has passed its wait and let moe_down launch). Measured: exact, but slower than the
+// Triton kernels (docs/cuda.md, fifteenth session), so off by default.
 //
 // Work: a pair p = r * S + s is row r's slot s (slots 0..S-2 routed, S-1 the shared expert, whose
-// weights have their own tensor map). A task is one pair's block of output columns over all of
-// K; tasks are dealt to CTAs in turn (task t to CTA t % G); within a CTA warp w owns the K slice
-// [w KW, (w+1) KW), one TMA unit a task, through its own SPW shared-memory slots (the next unit
-// requested as soon as the slot is read). A warp accumulates its slice with mma.m16n8k16 (the
-// A tile's 16 row slots, fp32 accumulation), the warps' partial sums are added in warp order.
-//   gate/up: a task is GR act columns: GR gate rows then GR up rows of the pair's expert (two
-//     TMA tiles into one slot); the A tile is x's R rows (held in registers, as the dense stream
-//     product holds them), of which row r is kept; act = silu(g) * u, rounded once to bf16.
-//     The shared expert's tasks come first (t < R * NG), so a CTA's leading shared units are
-//     requested before the wait.
+// weights are a tensor of their own). Each warp requests its units into its own SPW shared-memory
+// slots (the next one as soon as a slot is read) and accumulates with mma.m16n8k16 (the A tile's
+// 16 row slots, fp32 accumulation).
+//   gate/up: a task is GR act columns of one pair over all of H: GR gate rows then GR up rows of
+//     the pair's expert (two TMA tiles into one slot); tasks are dealt to CTAs in turn (task t to
+//     CTA t % G); within a CTA warp w owns the K slice [w GKW, (w+1) GKW), one unit a task, and the
+//     warps' partial sums are added in warp order. The A tile is x's R rows (held in registers,
+//     as the dense stream product holds them), of which row r is kept; act = silu(g) * u, rounded
+//     once to bf16. The shared expert's tasks come first (t < R * NG), so a CTA's leading shared
+//     units are requested before the wait.
 //   down: each warp alone; a warp-task is 8 output columns of one pair over all of I (the
 //     expert's 8 contiguous weight rows, one 8 KiB bulk copy at I = 512: the first version's
-//     16-column tasks split over 4 warps read 256-byte pieces by TMA and were slower than the
-//     Triton kernel, device call 94); the A tile's row slot 0 is act[p] (the other 15 zero),
-//     loaded one task ahead; y[p] is stored in fp32 (the combine sums and rounds).
+//     16-column tasks split over 4 warps read 256-byte pieces by TMA and were slower, device call
+//     94); the A tile's row slot 0 is act[p] (the other 15 zero), loaded one task ahead; y[p] is
+//     stored in fp32 (the combine sums and rounds).
 //
-// Exactness: every task runs the same instructions in the same order (its warp's unit in
-// 32-element steps, two mma a step per 8-column group, then for gate/up warps 0..GW-1), whichever CTA takes
-// it and however many rows came; an mma output element depends only on its own row of A and
-// column of B, and the rows of A other than the pair's row never reach the stored value. So a
-// pair's bits depend on its own row and expert alone.
+// Exactness: every task runs the same instructions in the same order (its warp's units in
+// 32-element steps, two mma a step per 8-column group, then for gate/up warps 0..GW-1), whichever
+// CTA or warp takes it and however many rows came; an mma output element depends only on its own
+// row of A and column of B, and the rows of A other than the pair's row never reach the stored
+// value. So a pair's bits depend on its own row and expert alone.
 //
 // Memory: before the wait only weights (and, in moe_down, the router's ids) are read. After it,
 // x and act are read at L2 (written by the kernels before); act and y are written. TRIG 1 lets
@@ -156,7 +157,7 @@ moe_gate_up(const __grid_constant__ TensorMap tm_e, const __grid_constant__ Tens
     }
 }
 
-// Precondition (cuda_stream_moe.down): ids were written by the launch before the one before this
+// Precondition (cuda_stream_moe.pairs): ids were written by the launch before the one before this
 // kernel, so they are read before the wait. Each warp works alone: a warp-task is 8 output columns
 // of one pair over all of I (one contiguous 8 x I block of the expert's down weights, one bulk
 // copy), so no CTA-wide barrier runs a task.

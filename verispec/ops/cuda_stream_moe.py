@@ -25,11 +25,9 @@ from . import cuda_launch, cuda_nvrtc
 MAX_ROWS = 16
 SMEM_MAX = 227 * 1024
 # gate/up: warps (the K split), act columns a task (4 or 8), slots a warp; down: warps a CTA
-# (each alone), slots a warp (bench/cuda_bench.py --sections stream_moe compares them). DOWN: the
-# down products by moe_down (else by the Triton kernel after moe_gate_up).
+# (each alone), slots a warp (bench/cuda_bench.py --sections stream_moe compares them)
 GW, GR, GSPW = 8, 8, 3
 DW, DSPW = 8, 3
-DOWN = True
 TRIG = 1
 # the router lets the gate/up kernel launch before its own wait, so the shared expert's units are
 # requested while the router and the kernel before it run (bench/cuda_bench.py --sections stream_moe)
@@ -57,20 +55,9 @@ def shape_ok(h: int, inter: int, slots: int) -> bool:
 
 
 def available(device: torch.device) -> bool:
-    """cuda_nvrtc.available, and the kernels compiled once for this device at a first shape."""
-    if not cuda_nvrtc.available(device):
-        return False
-    i = cuda_nvrtc.index(device)
-    if i not in _builds:
-        try:
-            _kernel(device, 2048, 512, 9)
-            _builds[i] = True
-        except RuntimeError as e:
-            import sys
-            print(f"verispec: the CUDA C++ expert products are off (the Triton ones run): {str(e).splitlines()[0]}",
-                  file=sys.stderr)
-            _builds[i] = False
-    return _builds[i]
+    """cuda_nvrtc.available, and the kernels compiled once for this device at a first shape (where
+    NVRTC cannot build them, the Triton expert kernels run, said once on stderr)."""
+    return cuda_nvrtc.builds(device, _builds, lambda: _kernel(device, 2048, 512, 9), "the CUDA C++ expert products")
 
 
 def fits(x, slots: int, gu_all, down_all, shared_gu, shared_down) -> bool:
@@ -100,52 +87,31 @@ def _kernel(device: torch.device, h: int, inter: int, slots: int):
     return _kernels[key]
 
 
-def _check(x, top_i, gu_all, down_all, shared_gu, shared_down) -> None:
+def pairs(x, top_i, gu_all, down_all, shared_gu, shared_down) -> torch.Tensor:
+    """x [R, H]; top_i [R, S] int32 (slots 0..S-2 routed expert ids, slot S-1 the shared expert);
+    gu_all [E, 2I, H], down_all [E, H, I]; shared_gu [2I, H], shared_down [H, I] -> y [R * S, H]
+    fp32, y[r * S + s] = W_down(s) . (silu(W_gate(s) . x_r) * (W_up(s) . x_r)), as cuda_moe._pairs,
+    in two launches (moe_gate_up, moe_down). Precondition: top_i was written by the launch just
+    before this one (moe_down reads it before its wait, once moe_gate_up has passed its own)."""
     ok_ids = top_i.dtype == torch.int32 and top_i.is_contiguous() and top_i.dim() == 2 and top_i.shape[0] == x.shape[0]
     if not (ok_ids and fits(x, top_i.shape[-1], gu_all, down_all, shared_gu, shared_down)):
         raise ValueError(f"stream_moe takes bf16 x [1..{MAX_ROWS}, H], int32 ids and contiguous bf16 expert weights "
                          f"of a shape it compiles for; got x {tuple(x.shape)} {x.dtype}, ids {tuple(top_i.shape)} "
                          f"{top_i.dtype}, gate/up {tuple(gu_all.shape)} {gu_all.dtype}")
-
-
-def gate_up(x, top_i, gu_all, down_all, shared_gu, shared_down) -> torch.Tensor:
-    """x [R, H]; top_i [R, S] int32 (slots 0..S-2 routed expert ids, slot S-1 the shared expert);
-    gu_all [E, 2I, H]; shared_gu [2I, H] (down_all, shared_down: checked, for down) -> act [R * S, I]
-    bf16, act[r * S + s] = silu(W_gate(s) . x_r) * (W_up(s) . x_r), as cuda_moe._gate_up_act."""
-    _check(x, top_i, gu_all, down_all, shared_gu, shared_down)
     rows, slots = top_i.shape
     _, two_i, h = gu_all.shape
     inter = two_i // 2
-    fgu, _, smem, _ = _kernel(x.device, h, inter, slots)
-    act = torch.empty(rows * slots, inter, dtype=x.dtype, device=x.device)
+    fgu, fdn, smem_gu, smem_dn = _kernel(x.device, h, inter, slots)
     pdl = cuda_launch.flags(x.device)["PDL"]
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    sms = cuda_nvrtc.sm_count(x.device)
+    act = torch.empty(rows * slots, inter, dtype=x.dtype, device=x.device)
     args = [cuda_nvrtc.tensor_map(gu_all, GR, h // GW), cuda_nvrtc.tensor_map(shared_gu, GR, h // GW),
-            ctypes.c_void_p(x.data_ptr()), ctypes.c_int(x.stride(0)), ctypes.c_void_p(top_i.data_ptr()), ctypes.c_void_p(act.data_ptr()),
-            ctypes.c_int(rows), ctypes.c_int(int(pdl))]
-    cuda_nvrtc.launch(fgu, smem, 32 * GW, min(rows * slots * (inter // GR), cuda_nvrtc.sm_count(x.device)),
-                      torch.cuda.current_stream(x.device).cuda_stream, pdl, args, "moe_gate_up")
-    return act
-
-
-def down(act, top_i, down_all, shared_down) -> torch.Tensor:
-    """act [R * S, I] (gate_up's); top_i as gate_up's; down_all [E, H, I]; shared_down [H, I] ->
-    y [R * S, H] fp32, y[p] = W_down(p's expert) . act[p], as cuda_moe._down_pair. Precondition:
-    top_i was written by the launch before the one that wrote act (this kernel reads it before its
-    wait, once the gate/up kernel has passed its own)."""
-    rows, slots = top_i.shape
-    e, h, inter = down_all.shape
-    _, fdn, _, smem = _kernel(act.device, h, inter, slots)
-    y = torch.empty(rows * slots, h, dtype=torch.float32, device=act.device)
-    pdl = cuda_launch.flags(act.device)["PDL"]
+            ctypes.c_void_p(x.data_ptr()), ctypes.c_int(x.stride(0)), ctypes.c_void_p(top_i.data_ptr()),
+            ctypes.c_void_p(act.data_ptr()), ctypes.c_int(rows), ctypes.c_int(int(pdl))]
+    cuda_nvrtc.launch(fgu, smem_gu, 32 * GW, min(rows * slots * (inter // GR), sms), stream, pdl, args, "moe_gate_up")
+    y = torch.empty(rows * slots, h, dtype=torch.float32, device=x.device)
     args = [ctypes.c_void_p(down_all.data_ptr()), ctypes.c_void_p(shared_down.data_ptr()), ctypes.c_void_p(act.data_ptr()),
             ctypes.c_void_p(top_i.data_ptr()), ctypes.c_void_p(y.data_ptr()), ctypes.c_int(rows), ctypes.c_int(int(pdl))]
-    grid = min(-(-rows * slots * (h // 8) // DW), cuda_nvrtc.sm_count(act.device))
-    cuda_nvrtc.launch(fdn, smem, 32 * DW, grid, torch.cuda.current_stream(act.device).cuda_stream, pdl, args, "moe_down")
+    cuda_nvrtc.launch(fdn, smem_dn, 32 * DW, min(-(-rows * slots * (h // 8) // DW), sms), stream, pdl, args, "moe_down")
     return y
-
-
-def pairs(x, top_i, gu_all, down_all, shared_gu, shared_down) -> torch.Tensor:
-    """gate_up then down: x [R, H], top_i [R, S] -> y [R * S, H] fp32, as cuda_moe._pairs.
-    Precondition: top_i was written by the launch just before this one."""
-    act = gate_up(x, top_i, gu_all, down_all, shared_gu, shared_down)
-    return down(act, top_i, down_all, shared_down)
