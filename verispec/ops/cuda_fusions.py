@@ -20,7 +20,7 @@ captured, so a CUDA graph keeps what was set at its capture).
                      needs cuda-bindings, else the Triton product runs): its sums run in another
                      order than the Triton product's
 
-  STREAM_MOE         (off unless asked for: exact, but 1.0-3.3% slower than the Triton kernels in
+  STREAM_MOE         (off unless asked for: exact, but 2.9-5.3% slower than the Triton kernels in
                      the graphed forward, docs/cuda.md, fifteenth session)
                      the MoE's expert products (gate/up + SwiGLU, down) by CUDA C++ kernels whose
                      weights reach shared memory by TMA tiles, the shared expert's and the down
