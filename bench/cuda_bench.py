@@ -5,7 +5,8 @@ arms interleaved within a round):
   bandwidth  device-to-device copy of 4 GiB: the ceiling (bytes read + written per second)
   decode     plain decode tok/s on the 35B-A3B shape; the floor from the active weight bytes
   verify     T(n)/T(1) for n = 1..6 rows (a verify with its copy slots), against the bytes
-             those rows must read (distinct experts per layer counted from the routing)
+             those rows must read (distinct experts per layer counted from the routing): T(n) over
+             the bytes' time at the copy rate, and T(n)/T(1) over bytes(n)/bytes(1)
   overhead   one exact (padded) decode row against the same row through plain cuBLAS/SDPA
   pdl        the same graphed forwards (1 and 4 rows) captured with programmatic dependent
              launch on and off (verispec/ops/cuda_launch.py), interleaved
@@ -213,16 +214,22 @@ def verify(eng: Engine, rounds: int, bw: float, max_rows: int = 6, key: str = "v
     n_moe = len(cfg["layer_types"])
     out = {}
     t1 = statistics.median(times[1])
+    need1 = dense + n_moe * (statistics.mean(distinct[1]) if distinct[1] else float("nan")) * eb
     for n in times:
         t = statistics.median(times[n])
         d = statistics.mean(distinct[n]) if distinct[n] else float("nan")
         need = dense + n_moe * d * eb
         bt = need / bw
+        # two readings of issue 9's target: T(n) against its bytes' time at the copy rate, and the
+        # growth T(n)/T(1) against the bytes' growth (how much of a verify's added cost its added bytes explain)
+        growth = (t / t1) / (need / need1)
         out[n] = {"ms": t * 1e3, "ratio": t / t1, "distinct_experts": d, "bytes": need, "bandwidth_ms": bt * 1e3,
-                  "vs_bandwidth": t / bt, "spread_ms": [min(times[n]) * 1e3, max(times[n]) * 1e3]}
+                  "vs_bandwidth": t / bt, "growth_vs_bytes_growth": growth,
+                  "spread_ms": [min(times[n]) * 1e3, max(times[n]) * 1e3]}
         log(f"[{key}] rows {n}: {t * 1e3:.2f} ms [{min(times[n]) * 1e3:.2f}-{max(times[n]) * 1e3:.2f}] "
             f"T(n)/T(1) {t / t1:.2f}; distinct experts/layer {d:.1f}; bytes {need / 1e9:.2f} GB -> "
-            f"{bt * 1e3:.2f} ms at the ceiling; measured/ceiling {t / bt:.1f}x")
+            f"{bt * 1e3:.2f} ms at the ceiling; measured/ceiling {t / bt:.2f}x; "
+            f"T(n)/T(1) over bytes(n)/bytes(1) {growth:.3f}")
     RESULTS[key] = out
 
 
