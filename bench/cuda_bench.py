@@ -29,6 +29,8 @@ arms interleaved within a round):
              and without the kernels before them letting them launch early, each STREAM_ARMS
   stream_moe the expert products by the stream kernels (each STREAM_MOE_ARMS setting) against the
              Triton expert kernels, graphed forward, 1/3/4 rows
+  gnorm      the same (1, 3 and 4 rows), the DeltaNet's gated norm in its output product
+             (cuda_fusions.GNORM_STREAM) against the norm's own launch
   stream_alone  each stream product shape alone (a graph of products with distinct weights, and
              the output product behind the DeltaNet's gated norm) against the Triton product
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
@@ -489,6 +491,23 @@ def stream_moe(eng: Engine, rounds: int) -> None:
             setattr(sm, k, kept[1][k])
 
 
+def gnorm_fold(eng: Engine, rounds: int) -> None:
+    """The DeltaNet's gated norm in its output product (cuda_fusions.GNORM_STREAM: one launch fewer
+    per DeltaNet layer) against the norm's own launch, graphed forward, 1/3/4 rows (the norm's sums
+    of squares run in another order: the logits differ)."""
+    from verispec.ops import cuda_fusions
+
+    kept = cuda_fusions.GNORM_STREAM
+
+    def arm(on):
+        return lambda: setattr(cuda_fusions, "GNORM_STREAM", on)
+    try:
+        graph_arms(eng, rounds, "gnorm", {"norm_launch": arm(False), "gnorm_in_product": arm(True)},
+                   row_counts=(1, 3, 4))
+    finally:
+        cuda_fusions.GNORM_STREAM = kept
+
+
 def stream_alone(rounds: int) -> None:
     """Each shape of cuda_stream_gemv.CONFIG alone: a graph of products over distinct weights
     (~400 MB in all, so L2 holds none of them; the DeltaNet's input product with its conv), 1 and
@@ -733,6 +752,7 @@ def main() -> int:
              ("stream", lambda: stream(eng, 4 * a.rounds + 4)),
              ("stream_alone", lambda: stream_alone(10 * a.rounds)),
              ("stream_moe", lambda: stream_moe(eng, 4 * a.rounds + 4)),
+             ("gnorm", lambda: gnorm_fold(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),

@@ -110,3 +110,78 @@ def test_model_rows_invariant_with_stream_products(stream_on):
     assert torch.equal(got[0], got[1]) and torch.equal(got[1], got[2])
     assert not torch.equal(got[3], got[0])
     assert (got[3] - got[0]).abs().max() < 0.25 * got[3].abs().max()
+
+
+@pytest.fixture
+def gnorm_on(stream_on):
+    kept = cuda_fusions.GNORM_STREAM
+    cuda_fusions.GNORM_STREAM = True
+    yield
+    cuda_fusions.GNORM_STREAM = kept
+
+
+@needs_bindings
+def test_stream_gated_norm_in_the_product(gnorm_on):
+    """The DeltaNet's output product applying the gated norm to its inputs: every row count bit for
+    bit against the 16-row launch and each row alone, eager and in a graph; within bf16 rounding
+    of the norm's own kernel followed by the product (the norm's sums of squares in another
+    order), and of torch in fp32; z read through the input product's row stride; a clear error."""
+    from verispec.ops import cuda_norms
+    torch.manual_seed(11)
+    k, n, hd, eps = 4096, 2048, cuda_stream_gemv.HEAD, 1e-6
+    w, o = _rand(n, k) * k ** -0.5, _rand(16, k)
+    proj = _rand(16, 12352)
+    z = proj[:, 8192:8192 + k]                                     # as the model slices it
+    nw = (1.0 + 0.1 * torch.randn(hd, device="cuda")).to(BF)
+
+    def fused(m):
+        return cuda_stream_gemv.linear_rows(o[:m], w, gate=cuda_stream_gemv.GatedNorm(z[:m], nw, eps))
+    full = fused(16)
+    single = [cuda_stream_gemv.linear_rows(o[i:i + 1], w, gate=cuda_stream_gemv.GatedNorm(z[i:i + 1], nw, eps))
+              for i in range(16)]
+    for m in ROWS:
+        got = fused(m)
+        assert torch.equal(got, full[:m]), m
+        assert all(torch.equal(got[i:i + 1], single[i]) for i in range(m)), m
+    fused(3)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        graphed = fused(3)
+    for _ in range(2):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(graphed, full[:3])
+    normed = cuda_norms.row_norm(o.view(16, k // hd, hd), cuda_norms.GATED, eps, nw,
+                                 z.reshape(16, k // hd, hd)).reshape(16, k)
+    apart = cuda_stream_gemv.linear_rows(normed, w)
+    assert (full.float() - apart.float()).norm() / apart.float().norm() < 4e-3
+    of = o.float().view(16, k // hd, hd)
+    ref_in = (nw.float() * (of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + eps))
+              * F.silu(z.float().reshape(16, k // hd, hd))).reshape(16, k)
+    ref = F.linear(ref_in, w.float())
+    assert (full.float() - ref).norm() / ref.norm() < 1e-2
+    with pytest.raises(ValueError, match="gated norm"):
+        cuda_stream_gemv.linear_rows(o[:2], w, gate=cuda_stream_gemv.GatedNorm(z[:3], nw, eps))
+
+
+@needs_bindings
+def test_model_rows_invariant_with_the_gated_norm_in_the_product(gnorm_on, monkeypatch):
+    """The real-shaped model with the gated norm in the output product (it does run there): verify
+    rows = decode rows, eager and graphed; graphed = eager; with the norm's own launch the logits
+    differ, close."""
+    gated = []
+    plain = cuda_stream_gemv.linear_rows
+
+    def spy(x, w, conv=None, gate=None):
+        gated.append(gate is not None)
+        return plain(x, w, conv, gate)
+    monkeypatch.setattr(cuda_stream_gemv, "linear_rows", spy)
+
+    def gnorm(on):
+        return lambda: setattr(cuda_fusions, "GNORM_STREAM", on)
+    got = model_rows_by_arm(31, [(False, gnorm(True)), (True, gnorm(True)), (False, gnorm(False))])
+    assert any(gated) and not all(gated)
+    assert torch.equal(got[0], got[1])
+    assert not torch.equal(got[2], got[0])
+    assert (got[2] - got[0]).abs().max() < 0.25 * got[2].abs().max()
