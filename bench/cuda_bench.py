@@ -491,21 +491,27 @@ def stream_moe(eng: Engine, rounds: int) -> None:
             setattr(sm, k, kept[1][k])
 
 
+GNORM_MAXREGS = (168, 192)   # register caps for the gated-norm product (unbounded it takes 243)
+
+
 def gnorm_fold(eng: Engine, rounds: int) -> None:
     """The DeltaNet's gated norm in its output product (cuda_fusions.GNORM_STREAM: one launch fewer
     per DeltaNet layer) against the norm's own launch, graphed forward, 1/3/4 rows (the norm's sums
     of squares run in another order: the logits differ)."""
-    from verispec.ops import cuda_fusions
+    from verispec.ops import cuda_fusions, cuda_stream_gemv
 
-    kept = cuda_fusions.GNORM_STREAM
+    kept = cuda_fusions.GNORM_STREAM, cuda_stream_gemv.GNORM_MAXREG
 
-    def arm(on):
-        return lambda: setattr(cuda_fusions, "GNORM_STREAM", on)
+    def arm(on, maxreg=0):
+        def setup():
+            cuda_fusions.GNORM_STREAM, cuda_stream_gemv.GNORM_MAXREG = on, maxreg
+        return setup
     try:
-        graph_arms(eng, rounds, "gnorm", {"norm_launch": arm(False), "gnorm_in_product": arm(True)},
+        graph_arms(eng, rounds, "gnorm", {"norm_launch": arm(False), "gnorm_in_product": arm(True),
+                                          **{f"gnorm_in_product_maxreg{r}": arm(True, r) for r in GNORM_MAXREGS}},
                    row_counts=(1, 3, 4))
     finally:
-        cuda_fusions.GNORM_STREAM = kept
+        cuda_fusions.GNORM_STREAM, cuda_stream_gemv.GNORM_MAXREG = kept
 
 
 def stream_alone(rounds: int) -> None:
@@ -534,12 +540,16 @@ def stream_alone(rounds: int) -> None:
                 def body(with_norm):
                     for i, w in enumerate(ws):
                         xi = x
+                        if with_norm == "fold":     # the norm in the product (cuda_fusions.GNORM_STREAM)
+                            cuda_stream_gemv.linear_rows(x, w, gate=cuda_stream_gemv.GatedNorm(z.view(rows, k), nw, 1e-6))
+                            continue
                         if with_norm:
                             xi = cuda_norms.row_norm(x.view(rows, 32, 128), cuda_norms.GATED, 1e-6, nw, z).view(rows, k)
                         cuda_gemv.linear_rows(xi, w, conv=cuda_gemv.ConvEpilogue(rings[i], cw, None) if conv else None)
                 graphs = {}
                 for arm in ("triton", "stream", "stream_1d"):
-                    for with_norm in ((False, True) if gnorm else (False,)):
+                    modes = (False, True) + (("fold",) if arm == "stream" else ()) if gnorm else (False,)
+                    for with_norm in modes:
                         cuda_fusions.STREAM = arm != "triton"
                         cuda_stream_gemv.TMA2D = int(arm != "stream_1d")
                         body(with_norm)
@@ -547,7 +557,7 @@ def stream_alone(rounds: int) -> None:
                         g = torch.cuda.CUDAGraph()
                         with torch.cuda.graph(g):
                             body(with_norm)
-                        graphs[arm + ("_after_gnorm" if with_norm else "")] = g
+                        graphs[arm + {False: "", True: "_after_gnorm", "fold": "_gnorm_in_product"}[with_norm]] = g
                 times = {a: [] for a in graphs}
                 for r in range(-2, rounds):
                     for a, g in graphs.items():

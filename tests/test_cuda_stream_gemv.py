@@ -167,21 +167,24 @@ def test_stream_gated_norm_in_the_product(gnorm_on):
 
 @needs_bindings
 def test_model_rows_invariant_with_the_gated_norm_in_the_product(gnorm_on, monkeypatch):
-    """The real-shaped model with the gated norm in the output product (it does run there): verify
-    rows = decode rows, eager and graphed; graphed = eager; with the norm's own launch the logits
-    differ, close."""
-    gated = []
+    """The real-shaped model with the gated norm in the output product (it does run there, and
+    not with the fusion off): verify rows = decode rows, eager and graphed; graphed = eager; with
+    the norm's own launch the logits are close (often equal: the other order of the norm's sums
+    moves a bf16 rounding only now and then)."""
+    seen = []                                 # an arm's list of (product had the gate)
     plain = cuda_stream_gemv.linear_rows
 
     def spy(x, w, conv=None, gate=None):
-        gated.append(gate is not None)
+        seen[-1].append(gate is not None)
         return plain(x, w, conv, gate)
     monkeypatch.setattr(cuda_stream_gemv, "linear_rows", spy)
 
     def gnorm(on):
-        return lambda: setattr(cuda_fusions, "GNORM_STREAM", on)
+        def setup():
+            cuda_fusions.GNORM_STREAM = on
+            seen.append([])
+        return setup
     got = model_rows_by_arm(31, [(False, gnorm(True)), (True, gnorm(True)), (False, gnorm(False))])
-    assert any(gated) and not all(gated)
+    assert any(seen[0]) and any(seen[1]) and seen[2] and not any(seen[2])
     assert torch.equal(got[0], got[1])
-    assert not torch.equal(got[2], got[0])
     assert (got[2] - got[0]).abs().max() < 0.25 * got[2].abs().max()

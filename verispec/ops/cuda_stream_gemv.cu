@@ -108,7 +108,13 @@ __device__ __forceinline__ void gated_norm_tiles(uint4* xr, const bf16* zr, bool
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+#if MAXREG > 0     // a register cap (GNORM's tiles and gates need more than the plain product's 165)
+#define STREAM_BOUNDS __maxnreg__(MAXREG)
+#else
+#define STREAM_BOUNDS __launch_bounds__(THREADS, 1)
+#endif
+
+extern "C" __global__ void STREAM_BOUNDS
 stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, int xs, const bf16* w, bf16* out,
             int R, int N,
             bf16* ring, const bf16* __restrict__ cw, const u64* tab, int C, int save, int pdl,

@@ -35,6 +35,7 @@ TRIG = 1
 TMA2D = 1               # a unit as one 2D TMA tile (1) or a bulk copy per column (0)
 
 HEAD = 128              # the gated norm's head width (the DeltaNet's value head dim)
+GNORM_MAXREG = 0        # a register cap for the gated-norm kernel (0: none; it takes 243 unbounded)
 
 
 @dataclass(frozen=True)
@@ -112,11 +113,12 @@ def gate_fits(x: torch.Tensor, w: torch.Tensor, gate: GatedNorm) -> bool:
 
 def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int, gnorm: bool = False):
     cg, warps, kc, spw = cfg
-    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, gnorm)
+    maxreg = GNORM_MAXREG if gnorm else 0
+    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, gnorm, maxreg)
     smem = _smem(*cfg, tasks)
     if key not in _kernels:
         defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG,
-                   "TMA2D": TMA2D, "GNORM": int(gnorm), "HD": HEAD}
+                   "TMA2D": TMA2D, "GNORM": int(gnorm), "HD": HEAD, "MAXREG": maxreg}
         with torch.cuda.device(device):
             _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", defines, smem)
     return _kernels[key], smem, 32 * warps
