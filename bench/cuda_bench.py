@@ -29,8 +29,6 @@ arms interleaved within a round):
              and without the kernels before them letting them launch early, each STREAM_ARMS
   stream_moe the expert products by the stream kernels (each STREAM_MOE_ARMS setting) against the
              Triton expert kernels, graphed forward, 1/3/4 rows
-  gnorm      the same (1, 3 and 4 rows), the DeltaNet's gated norm in its output product
-             (cuda_fusions.GNORM_STREAM) against the norm's own launch
   stream_alone  each stream product shape alone (a graph of products with distinct weights, and
              the output product behind the DeltaNet's gated norm) against the Triton product
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
@@ -491,29 +489,6 @@ def stream_moe(eng: Engine, rounds: int) -> None:
             setattr(sm, k, kept[1][k])
 
 
-GNORM_MAXREGS = (168, 192)   # register caps for the gated-norm product (unbounded it takes 243)
-
-
-def gnorm_fold(eng: Engine, rounds: int) -> None:
-    """The DeltaNet's gated norm in its output product (cuda_fusions.GNORM_STREAM: one launch fewer
-    per DeltaNet layer) against the norm's own launch, graphed forward, 1/3/4 rows (the norm's sums
-    of squares run in another order: the logits differ)."""
-    from verispec.ops import cuda_fusions, cuda_stream_gemv
-
-    kept = cuda_fusions.GNORM_STREAM, cuda_stream_gemv.GNORM_MAXREG
-
-    def arm(on, maxreg=0):
-        def setup():
-            cuda_fusions.GNORM_STREAM, cuda_stream_gemv.GNORM_MAXREG = on, maxreg
-        return setup
-    try:
-        graph_arms(eng, rounds, "gnorm", {"norm_launch": arm(False), "gnorm_in_product": arm(True),
-                                          **{f"gnorm_in_product_maxreg{r}": arm(True, r) for r in GNORM_MAXREGS}},
-                   row_counts=(1, 3, 4))
-    finally:
-        cuda_fusions.GNORM_STREAM, cuda_stream_gemv.GNORM_MAXREG = kept
-
-
 def stream_alone(rounds: int) -> None:
     """Each shape of cuda_stream_gemv.CONFIG alone: a graph of products over distinct weights
     (~400 MB in all, so L2 holds none of them; the DeltaNet's input product with its conv), 1 and
@@ -540,16 +515,12 @@ def stream_alone(rounds: int) -> None:
                 def body(with_norm):
                     for i, w in enumerate(ws):
                         xi = x
-                        if with_norm == "fold":     # the norm in the product (cuda_fusions.GNORM_STREAM)
-                            cuda_stream_gemv.linear_rows(x, w, gate=cuda_stream_gemv.GatedNorm(z.view(rows, k), nw, 1e-6))
-                            continue
                         if with_norm:
                             xi = cuda_norms.row_norm(x.view(rows, 32, 128), cuda_norms.GATED, 1e-6, nw, z).view(rows, k)
                         cuda_gemv.linear_rows(xi, w, conv=cuda_gemv.ConvEpilogue(rings[i], cw, None) if conv else None)
                 graphs = {}
                 for arm in ("triton", "stream", "stream_1d"):
-                    modes = (False, True) + (("fold",) if arm == "stream" else ()) if gnorm else (False,)
-                    for with_norm in modes:
+                    for with_norm in ((False, True) if gnorm else (False,)):
                         cuda_fusions.STREAM = arm != "triton"
                         cuda_stream_gemv.TMA2D = int(arm != "stream_1d")
                         body(with_norm)
@@ -557,7 +528,7 @@ def stream_alone(rounds: int) -> None:
                         g = torch.cuda.CUDAGraph()
                         with torch.cuda.graph(g):
                             body(with_norm)
-                        graphs[arm + {False: "", True: "_after_gnorm", "fold": "_gnorm_in_product"}[with_norm]] = g
+                        graphs[arm + ("_after_gnorm" if with_norm else "")] = g
                 times = {a: [] for a in graphs}
                 for r in range(-2, rounds):
                     for a, g in graphs.items():
@@ -762,7 +733,6 @@ def main() -> int:
              ("stream", lambda: stream(eng, 4 * a.rounds + 4)),
              ("stream_alone", lambda: stream_alone(10 * a.rounds)),
              ("stream_moe", lambda: stream_moe(eng, 4 * a.rounds + 4)),
-             ("gnorm", lambda: gnorm_fold(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),

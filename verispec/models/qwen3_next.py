@@ -20,7 +20,7 @@ from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
 from ..ops import (cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norm_router, cuda_norms,
-                   cuda_slots, cuda_stream_gemv, cuda_stream_moe)
+                   cuda_slots, cuda_stream_moe)
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -541,13 +541,7 @@ class Model:
                                       rtab, a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
                                       out_dtype=h.dtype)
         z = proj[:, 2 * kd + vd:2 * kd + 2 * vd]
-        o = o.reshape(rows, vd)
-        gate = cuda_stream_gemv.GatedNorm(z, m.norm, a.rms_norm_eps)
-        if (cuda_fusions.GNORM_STREAM and a.linear_value_head_dim == cuda_stream_gemv.HEAD and cuda_gemv.streams(m.out)
-                and cuda_stream_gemv.fits(o, m.out) and cuda_stream_gemv.gate_fits(o, m.out, gate)):
-            return cuda_stream_gemv.linear_rows(o, m.out, gate=gate)     # the norm in the product: one launch fewer
-        o = gated_rms_norm(o.view(rows, hv, a.linear_value_head_dim), z.reshape(rows, hv, a.linear_value_head_dim),
-                           m.norm, a.rms_norm_eps, self.rows_exact)
+        o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, self.rows_exact)
         return (out_lin or lin)(o.reshape(rows, vd), m.out)
 
     def _full_attn(self, m: FullAttn, h, state: State, start, exact, lin, pos_offset: int = 0,

@@ -28,13 +28,8 @@ captured, so a CUDA graph keeps what was set at its capture).
                      gate/up launch early (verispec/ops/cuda_stream_moe.py; needs cuda-bindings,
                      else the Triton kernels run): its sums run in another order than theirs
 
-  GNORM_STREAM       (off unless asked for: being measured, docs/cuda.md, sixteenth session)
-                     the DeltaNet's gated norm applied by its output product (the stream kernel,
-                     STREAM) to the product's inputs, so the norm's launch goes
-                     (verispec/ops/cuda_stream_gemv.py); the norm's sums of squares in another order
-
 `VERISPEC_FUSIONS_OFF=all` (or a comma-separated list of names) turns them off at import,
-`VERISPEC_FUSIONS_ON=MOE_TAIL,STREAM_MOE,GNORM_STREAM` turns those on;
+`VERISPEC_FUSIONS_ON=MOE_TAIL,STREAM_MOE` turns those on;
 `bench/cuda_bench.py --sections fusions` measures each against the forward without it.
 Three more were built, measured and dropped (docs/cuda.md, "Tried and dropped"): the gated
 norm in the DeltaNet output product's loads, the router in the router product's last program,
@@ -50,4 +45,3 @@ NORM_ROUTER = not _off & {"all", "NORM_ROUTER"}
 MOE_TAIL = ("MOE_TAIL" in os.environ.get("VERISPEC_FUSIONS_ON", "").split(",")) and not _off & {"all", "MOE_TAIL"}
 STREAM = not _off & {"all", "STREAM"}
 STREAM_MOE = ("STREAM_MOE" in os.environ.get("VERISPEC_FUSIONS_ON", "").split(",")) and not _off & {"all", "STREAM_MOE"}
-GNORM_STREAM = ("GNORM_STREAM" in os.environ.get("VERISPEC_FUSIONS_ON", "").split(",")) and not _off & {"all", "GNORM_STREAM"}

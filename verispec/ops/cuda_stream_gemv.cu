@@ -30,14 +30,6 @@
 // cuda_gemv._conv_epilogue does (out = silu(r0 w0 + r1 w1 + r2 w2 + x w3), the ring shifting x
 // in, the ring after row r < R-1 to the slot at tab[r] when save), and updates the ring.
 //
-// GNORM: x is the DeltaNet recurrence's output o, and the kernel applies the DeltaNet's gated norm
-// to its A tiles after loading them (cuda_norms' GATED mode: per row and head of HD elements,
-// w * bf16(o * rsqrt(mean(o^2) + eps)) * silu(z), rounded to bf16), so the norm's own launch goes.
-// A head is HD / 32 consecutive steps of one warp's slice, so its sum of squares needs no other
-// warp: each lane's 8 elements a step in step order, then the four lanes of the row (xor 1, then
-// xor 2; either order of an addition gives the same bits, so the four lanes agree). Every CTA
-// repeats the norm of the rows it reads (a few KB at L2), as cuda_norm_router repeats its norm.
-//
 // Memory: before the wait only weights are read (bulk copies). After it, x, the ring and the
 // slot table are read at L2 (written by earlier kernels); out, the ring and the slots are
 // written. TRIG 1 lets the next kernel launch right after the wait, 0 at the end.
@@ -47,7 +39,7 @@
 // requests: 2.7-2.8 TB/s, call 86).
 //
 // Compiled at run time by NVRTC (cuda_stream_gemv.py) with -D for K, CG, WARPS, KC, SPW, CONV,
-// TRIG, TMA2D, GNORM and HD. bf16 is handled as its bits (cuda_device.cuh).
+// TRIG and TMA2D. bf16 is handled as its bits (cuda_device.cuh).
 
 #include "cuda_device.cuh"
 
@@ -62,63 +54,11 @@ constexpr int STAGES = WARPS * SPW;
 static_assert(K % WARPS == 0 && KW % KC == 0 && KC % 32 == 0, "units tile a warp's slice");
 static_assert(CG == 1 || CG == 2, "8 or 16 columns a task");
 static_assert(THREADS >= 16 * TC / 2, "the reduction: two elements a thread at most");
-static_assert(!GNORM || (KW % HD == 0 && HD % 32 == 0), "GNORM: a warp's slice holds whole heads");
 
-// element e (0..7) of 8 bf16 held in a uint4, as floats; and two floats as a bf16 pair
-__device__ __forceinline__ float elem8(const uint4& v, int e) {
-    const unsigned w = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
-    return bf2f((bf16)((e & 1) ? (w >> 16) : (w & 0xffffu)));
-}
-__device__ __forceinline__ unsigned pack2(float a, float b) { return (unsigned)f2bf(a) | ((unsigned)f2bf(b) << 16); }
-
-// GNORM: one row slot's A tiles (XS steps of a warp's slice from element k0; this lane's elements
-// 8q.. of each step) through the gated norm in place; zr the row's gate z at element k0 + 8q,
-// ok whether the row exists (else its tiles stay zeros)
-template <int XS>
-__device__ __forceinline__ void gated_norm_tiles(uint4* xr, const bf16* zr, bool ok, const bf16* nw, float eps, int q) {
-    constexpr int HST = HD / 32;      // steps a head
-#pragma unroll
-    for (int hh = 0; hh < XS / HST; ++hh) {
-        float ss = 0.f;
-#pragma unroll
-        for (int t = 0; t < HST; ++t)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const float v = elem8(xr[hh * HST + t], e);
-                ss += v * v;
-            }
-        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-        const float r = rsqrtf(ss / HD + eps);
-#pragma unroll
-        for (int t = 0; t < HST; ++t) {
-            const int s = hh * HST + t;
-            const uint4 zv = ok ? ldcg16(zr + s * 32) : make_uint4(0, 0, 0, 0);
-            const uint4 wv = __ldg(reinterpret_cast<const uint4*>(nw + t * 32 + q * 8));
-            float y[8];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const float z = elem8(zv, e);
-                const float g = elem8(wv, e) * round_bf(elem8(xr[s], e) * r);
-                y[e] = g * (z * (1.f / (1.f + expf(-z))));
-            }
-            xr[s] = ok ? make_uint4(pack2(y[0], y[1]), pack2(y[2], y[3]), pack2(y[4], y[5]), pack2(y[6], y[7]))
-                       : make_uint4(0, 0, 0, 0);
-        }
-    }
-}
-
-#if MAXREG > 0     // a register cap (GNORM's tiles and gates need more than the plain product's 165)
-#define STREAM_BOUNDS __maxnreg__(MAXREG)
-#else
-#define STREAM_BOUNDS __launch_bounds__(THREADS, 1)
-#endif
-
-extern "C" __global__ void STREAM_BOUNDS
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
 stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, int xs, const bf16* w, bf16* out,
             int R, int N,
-            bf16* ring, const bf16* __restrict__ cw, const u64* tab, int C, int save, int pdl,
-            const bf16* __restrict__ gz, int gzs, const bf16* __restrict__ gw, float geps)
+            bf16* ring, const bf16* __restrict__ cw, const u64* tab, int C, int save, int pdl)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     u64* full = reinterpret_cast<u64*>(smem + STAGES * SLOTB);     // a slot's bytes have landed
@@ -181,11 +121,6 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
     const int n = lane >> 2, q = lane & 3;
     uint4 xa[XS], xb[XS];
     load_a_rows<XS>(x, xs, R, warp * KW, lane, xa, xb);
-    if (GNORM) {
-        const bf16* zr = gz + (size_t)n * gzs + warp * KW + q * 8;
-        gated_norm_tiles<XS>(xa, zr, n < R, gw, geps, q);
-        gated_norm_tiles<XS>(xb, zr + (size_t)8 * gzs, n + 8 < R, gw, geps, q);
-    }
 
     for (int j = 0; j < nt; ++j) {
         float acc[CG][4];

@@ -8,16 +8,11 @@ shape is in CONFIG (the mixers' input and output products), for every row count 
 shape's kernel never depends on R). The sums run in another order than the Triton product's
 (tensor-core steps of 32, then the warps' partials in order), so the logits differ from the
 Triton path's; rows are invariant (cuda_stream_gemv.cu says why; tests/test_cuda_stream_gemv.py).
-
-With `gate` (cuda_fusions.GNORM_STREAM) the DeltaNet's output product applies the gated norm to
-its inputs itself, so the norm's launch goes (the norm's sums of squares in another order than
-cuda_norms' kernel).
 """
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 
 import torch
 
@@ -33,20 +28,6 @@ CONFIG: dict[tuple[int, int], tuple[int, int, int, int]] = {
     (4096, 2048): (2, 8, 256, 2), (2048, 12352): (2, 8, 256, 3), (2048, 9216): (2, 8, 256, 3)}
 TRIG = 1
 TMA2D = 1               # a unit as one 2D TMA tile (1) or a bulk copy per column (0)
-
-HEAD = 128              # the gated norm's head width (the DeltaNet's value head dim)
-GNORM_MAXREG = 0        # a register cap for the gated-norm kernel (0: none; it takes 243 unbounded)
-
-
-@dataclass(frozen=True)
-class GatedNorm:
-    """The DeltaNet's gated norm applied to a product's input x [R, K] (the recurrence's output) in
-    the product: per row and head of HEAD elements, weight * bf16(x * rsqrt(mean(x^2) + eps)) *
-    silu(z); z [R, K] (unit stride along K; any row stride), weight [HEAD]."""
-    z: torch.Tensor
-    weight: torch.Tensor
-    eps: float
-
 
 _kernels: dict = {}
 _builds: dict = {}      # device index -> whether the kernel compiled there
@@ -101,39 +82,24 @@ def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 and w.is_contiguous() and w.data_ptr() % 16 == 0)
 
 
-def gate_fits(x: torch.Tensor, w: torch.Tensor, gate: GatedNorm) -> bool:
-    """Whether the product x @ w^T (fits() true) can apply `gate` to x: whole heads in a warp's K
-    slice, z as x's shape with rows on 16-byte boundaries, a bf16 weight of HEAD elements."""
-    cfg = config(w.shape[1], w.shape[0])
-    z, g = gate.z, gate.weight
-    return (cfg is not None and (w.shape[1] // cfg[1]) % HEAD == 0 and z.dtype == x.dtype and z.shape == x.shape
-            and z.stride(1) == 1 and z.stride(0) % 8 == 0 and z.data_ptr() % 16 == 0 and g.dtype == x.dtype
-            and g.shape == (HEAD,) and g.is_contiguous() and g.data_ptr() % 16 == 0 and z.device == x.device == g.device)
-
-
-def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int, gnorm: bool = False):
+def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int):
     cg, warps, kc, spw = cfg
-    maxreg = GNORM_MAXREG if gnorm else 0
-    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, gnorm, maxreg)
+    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks)
     smem = _smem(*cfg, tasks)
     if key not in _kernels:
         defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG,
-                   "TMA2D": TMA2D, "GNORM": int(gnorm), "HD": HEAD, "MAXREG": maxreg}
+                   "TMA2D": TMA2D}
         with torch.cuda.device(device):
             _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", defines, smem)
     return _kernels[key], smem, 32 * warps
 
 
-def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None, gate: GatedNorm | None = None) -> torch.Tensor:
+def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
     """x [R, K] @ w[N, K]^T -> [R, N] bf16 (fits() true). conv: a cuda_gemv.ConvEpilogue, the
-    causal conv of the first C output columns (C a multiple of the task's columns). gate: the
-    gated norm applied to x first (gate_fits true)."""
+    causal conv of the first C output columns (C a multiple of the task's columns)."""
     if not fits(x, w):
         raise ValueError(f"stream_gemv takes bf16 x [1..{MAX_ROWS}, K] (rows 16-byte aligned) and a configured weight; "
                          f"got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}")
-    if gate is not None and (conv is not None or not gate_fits(x, w, gate)):
-        raise ValueError(f"stream_gemv's gated norm takes z shaped as x {tuple(x.shape)} (rows 16-byte aligned), a "
-                         f"bf16 weight of {HEAD} and no conv; got z {tuple(gate.z.shape)}, weight {tuple(gate.weight.shape)}")
     rows, k = x.shape
     n = w.shape[0]
     cfg = config(k, n)
@@ -144,7 +110,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None, gate: GatedNorm | N
     tasks = _tasks(n, cfg[0], cuda_nvrtc.sm_count(x.device)) if conv is not None else 0
     if _smem(*cfg, tasks) > SMEM_MAX:
         raise ValueError(f"the conv epilogue's sums do not fit shared memory beside the ring ({_smem(*cfg, tasks)} bytes)")
-    fn, smem, threads = _kernel(x.device, k, cfg, conv is not None, tasks, gate is not None)
+    fn, smem, threads = _kernel(x.device, k, cfg, conv is not None, tasks)
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if conv is None:
         ring, cw, tab, c, save = y, y, y, 0, 0
@@ -157,9 +123,6 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None, gate: GatedNorm | N
             ctypes.c_void_p(y.data_ptr()), ctypes.c_int(rows), ctypes.c_int(n), ctypes.c_void_p(ring.data_ptr()),
             ctypes.c_void_p(cw.data_ptr()), ctypes.c_void_p(tab.data_ptr()), ctypes.c_int(c), ctypes.c_int(save),
             ctypes.c_int(int(pdl))]
-    gz, gw = (gate.z, gate.weight) if gate is not None else (x, x)
-    args += [ctypes.c_void_p(gz.data_ptr()), ctypes.c_int(gz.stride(0)), ctypes.c_void_p(gw.data_ptr()),
-             ctypes.c_float(gate.eps if gate is not None else 0.0)]
     grid = min(n // tc, cuda_nvrtc.sm_count(x.device))
     cuda_nvrtc.launch(fn, smem, threads, grid, torch.cuda.current_stream(x.device).cuda_stream, pdl, args,
                       "stream_gemv")
