@@ -20,7 +20,7 @@ from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
 from ..ops import (cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norm_router, cuda_norms,
-                   cuda_slots, cuda_stream_moe)
+                   cuda_slots, cuda_stream_gemv, cuda_stream_moe)
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
