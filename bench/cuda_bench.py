@@ -29,8 +29,6 @@ arms interleaved within a round):
              and without the kernels before them letting them launch early, each STREAM_ARMS
   stream_moe the expert products by the stream kernels (each STREAM_MOE_ARMS setting) against the
              Triton expert kernels, graphed forward, 1/3/4 rows
-  prefetch   the same (1, 3 and 4 rows), the mixers' output products starting the next layer's
-             input weights into L2 as they finish (each PREFETCH_ARMS setting) against none
   stream_alone  each stream product shape alone (a graph of products with distinct weights, and
              the output product behind the DeltaNet's gated norm) against the Triton product
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
@@ -491,29 +489,6 @@ def stream_moe(eng: Engine, rounds: int) -> None:
             setattr(sm, k, kept[1][k])
 
 
-PREFETCH_ARMS = {"pf8_last": (8 << 20, 1), "pf16_last": (16 << 20, 1), "pf16_normal": (16 << 20, 0),
-                 "pf24_last": (24 << 20, 1)}
-
-
-def prefetch(eng: Engine, rounds: int) -> None:
-    """The mixers' output products starting the next layer's input weights into L2 as they finish
-    (cuda_stream_gemv.PREFETCH_BYTES, each PREFETCH_ARMS setting: bytes, evict_last) against none,
-    graphed forward, 1/3/4 rows; a prefetch moves no value, so every arm's logits must be equal."""
-    from verispec.ops import cuda_stream_gemv as sg
-
-    kept = sg.PREFETCH_BYTES, sg.PREFETCH_LAST
-
-    def arm(setting):
-        def setup():
-            sg.PREFETCH_BYTES, sg.PREFETCH_LAST = setting
-        return setup
-    try:
-        graph_arms(eng, rounds, "prefetch", {"none": arm((0, 1)), **{k: arm(v) for k, v in PREFETCH_ARMS.items()}},
-                   row_counts=(1, 3, 4))
-    finally:
-        sg.PREFETCH_BYTES, sg.PREFETCH_LAST = kept
-
-
 def stream_alone(rounds: int) -> None:
     """Each shape of cuda_stream_gemv.CONFIG alone: a graph of products over distinct weights
     (~400 MB in all, so L2 holds none of them; the DeltaNet's input product with its conv), 1 and
@@ -758,7 +733,6 @@ def main() -> int:
              ("stream", lambda: stream(eng, 4 * a.rounds + 4)),
              ("stream_alone", lambda: stream_alone(10 * a.rounds)),
              ("stream_moe", lambda: stream_moe(eng, 4 * a.rounds + 4)),
-             ("prefetch", lambda: prefetch(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),

@@ -110,35 +110,3 @@ def test_model_rows_invariant_with_stream_products(stream_on):
     assert torch.equal(got[0], got[1]) and torch.equal(got[1], got[2])
     assert not torch.equal(got[3], got[0])
     assert (got[3] - got[0]).abs().max() < 0.25 * got[3].abs().max()
-
-
-@needs_bindings
-def test_prefetch_moves_no_value(stream_on, monkeypatch):
-    """A product that starts another weight's bytes into L2 as it finishes gives the same bits, eager
-    and in a graph; the model with the prefetch on gives the same logits as without, verify rows =
-    decode rows (the prefetch does run there)."""
-    k, n = 4096, 2048
-    torch.manual_seed(5)
-    w, x, nxt = _rand(n, k) * k ** -0.5, _rand(4, k), _rand(12352, 2048)
-    monkeypatch.setattr(cuda_stream_gemv, "PREFETCH_BYTES", 8 << 20)
-    plain = cuda_gemv.linear_rows(x, w)
-    assert torch.equal(cuda_gemv.linear_rows(x, w, prefetch=nxt), plain)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        graphed = cuda_gemv.linear_rows(x, w, prefetch=nxt)
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(graphed, plain)
-    asked = []
-    real = cuda_gemv.linear_rows
-
-    def spy(*a, prefetch=None, **kw):
-        asked.append(prefetch is not None)
-        return real(*a, prefetch=prefetch, **kw)
-    monkeypatch.setattr(cuda_gemv, "linear_rows", spy)
-
-    def pf(nbytes):
-        return lambda: setattr(cuda_stream_gemv, "PREFETCH_BYTES", nbytes)
-    got = model_rows_by_arm(37, [(False, pf(0)), (True, pf(16 << 20)), (False, pf(16 << 20))])
-    assert any(asked)
-    assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])

@@ -20,7 +20,7 @@ from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
 from ..ops import (cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norm_router, cuda_norms,
-                   cuda_slots, cuda_stream_gemv, cuda_stream_moe)
+                   cuda_slots, cuda_stream_moe)
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -316,17 +316,6 @@ def gpu_exact_linear(n: int):
     return lin
 
 
-def _prefetching(lin, nxt: torch.Tensor):
-    """lin, except that a product by the stream kernel also starts the first bytes of nxt (the
-    weight the next big product reads) into L2 as it finishes (cuda_stream_gemv.PREFETCH_BYTES):
-    the DRAM then streams while the MoE's router kernels run. The same values."""
-    def out(x, w):
-        if cuda_stream_gemv.PREFETCH_BYTES and cuda_gemv.streams(w) and cuda_gemv.usable(x, w):
-            return cuda_gemv.linear_rows(x, w, prefetch=nxt)
-        return lin(x, w)
-    return out
-
-
 def _partials_linear(lin):
     """lin, except that a product the fixed-order kernel splits along K returns its unsummed
     partials (cuda_gemv.Partials) for add_norm to sum; only for products add_norm consumes."""
@@ -462,15 +451,11 @@ class Model:
         # on CUDA the mixers' output products hand their split-K partials to the residual add
         # and norm after them, which sums them (one launch fewer per layer)
         out_lin = _partials_linear(lin) if rp is not BATCH and self.exec.pad_rows == cuda_gemv.ROWS else None
-        nxt = [lay.mixer.w_in if isinstance(lay.mixer, LinearAttn) else lay.mixer.w_qkv for lay in self.layers[1:]]
-        nxt.append(self.lm_head)
         for i, layer in enumerate(self.layers):
-            # the mixer's output product starts the next layer's input weights (or the lm_head's) into L2
-            lin_o = _prefetching(out_lin, nxt[i]) if out_lin is not None else None
             if isinstance(layer.mixer, LinearAttn):
-                h = self._linear_attn(layer.mixer, h, state, rp, save_slots, lin, lin_o)
+                h = self._linear_attn(layer.mixer, h, state, rp, save_slots, lin, out_lin)
             else:
-                h = self._full_attn(layer.mixer, h, state, start, rp, lin, pos=pos, out_lin=lin_o)
+                h = self._full_attn(layer.mixer, h, state, start, rp, lin, pos=pos, out_lin=out_lin)
             if (isinstance(layer.mlp, MoE) and cuda_fusions.NORM_ROUTER and self._moe_kernels(layer.mlp, x, rp)
                     and cuda_norm_router.usable(x, layer.mlp.pre)):
                 x, h = self.moe_add_norm(layer.mlp, None, x, norms[2 * i + 2], eps, before=(h, norms[2 * i + 1]))

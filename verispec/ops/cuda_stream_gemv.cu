@@ -30,11 +30,6 @@
 // cuda_gemv._conv_epilogue does (out = silu(r0 w0 + r1 w1 + r2 w2 + x w3), the ring shifting x
 // in, the ring after row r < R-1 to the slot at tab[r] when save), and updates the ring.
 //
-// Prefetch (pf not null): when a CTA is done it asks L2 for pf_chunk bytes of another weight from
-// pf + c * pf_chunk (one bulk prefetch, evict_last when pf_last): the mixer's output product
-// starts the next layer's input product's weights on their way, so the DRAM keeps streaming
-// through the MoE's router kernels, which read almost nothing (no value changes).
-//
 // Memory: before the wait only weights are read (bulk copies). After it, x, the ring and the
 // slot table are read at L2 (written by earlier kernels); out, the ring and the slots are
 // written. TRIG 1 lets the next kernel launch right after the wait, 0 at the end.
@@ -63,8 +58,7 @@ static_assert(THREADS >= 16 * TC / 2, "the reduction: two elements a thread at m
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, int xs, const bf16* w, bf16* out,
             int R, int N,
-            bf16* ring, const bf16* __restrict__ cw, const u64* tab, int C, int save, int pdl,
-            const unsigned char* pf, unsigned pf_chunk, int pf_last)
+            bf16* ring, const bf16* __restrict__ cw, const u64* tab, int C, int save, int pdl)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     u64* full = reinterpret_cast<u64*>(smem + STAGES * SLOTB);     // a slot's bytes have landed
@@ -205,12 +199,5 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
                 }
             }
         }
-    }
-    if (pf != nullptr && tid == 0 && pf_chunk > 0) {
-        u64 pol;
-        if (pf_last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-        else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
-        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;"
-                     :: "l"(pf + (size_t)c * pf_chunk), "r"(pf_chunk), "l"(pol) : "memory");
     }
 }

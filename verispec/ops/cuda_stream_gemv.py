@@ -29,11 +29,6 @@ CONFIG: dict[tuple[int, int], tuple[int, int, int, int]] = {
 TRIG = 1
 TMA2D = 1               # a unit as one 2D TMA tile (1) or a bulk copy per column (0)
 
-# the next weight's bytes a product asked to prefetch (linear_rows(..., prefetch=)) starts into L2 at
-# its end, and whether with evict_last priority (bench/cuda_bench.py --sections prefetch)
-PREFETCH_BYTES = 0
-PREFETCH_LAST = 1
-
 _kernels: dict = {}
 _builds: dict = {}      # device index -> whether the kernel compiled there
 
@@ -99,11 +94,9 @@ def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int):
     return _kernels[key], smem, 32 * warps
 
 
-def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None, prefetch: torch.Tensor | None = None) -> torch.Tensor:
+def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
     """x [R, K] @ w[N, K]^T -> [R, N] bf16 (fits() true). conv: a cuda_gemv.ConvEpilogue, the
-    causal conv of the first C output columns (C a multiple of the task's columns). prefetch:
-    another weight whose first PREFETCH_BYTES the CTAs ask L2 for as they finish (a hint: no
-    value changes)."""
+    causal conv of the first C output columns (C a multiple of the task's columns)."""
     if not fits(x, w):
         raise ValueError(f"stream_gemv takes bf16 x [1..{MAX_ROWS}, K] (rows 16-byte aligned) and a configured weight; "
                          f"got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}")
@@ -125,16 +118,12 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None, prefetch: torch.Ten
         ring, cw, c = conv.ring, conv.weight, conv.ring.shape[0]
         tab, save = (conv.slots, 1) if conv.slots is not None else (conv.ring, 0)
     pdl = cuda_launch.flags(x.device)["PDL"]
-    grid = min(n // tc, cuda_nvrtc.sm_count(x.device))
-    pf, chunk = 0, 0
-    if prefetch is not None and PREFETCH_BYTES > 0 and prefetch.is_contiguous() and prefetch.device == x.device:
-        chunk = min(PREFETCH_BYTES, prefetch.numel() * prefetch.element_size()) // grid // 16 * 16
-        pf = prefetch.data_ptr() if chunk else 0
     args = [cuda_nvrtc.tensor_map(w, tc, cfg[2]), ctypes.c_void_p(x.data_ptr()), ctypes.c_int(x.stride(0)),
             ctypes.c_void_p(w.data_ptr()),
             ctypes.c_void_p(y.data_ptr()), ctypes.c_int(rows), ctypes.c_int(n), ctypes.c_void_p(ring.data_ptr()),
             ctypes.c_void_p(cw.data_ptr()), ctypes.c_void_p(tab.data_ptr()), ctypes.c_int(c), ctypes.c_int(save),
-            ctypes.c_int(int(pdl)), ctypes.c_void_p(pf), ctypes.c_uint(chunk), ctypes.c_int(PREFETCH_LAST)]
+            ctypes.c_int(int(pdl))]
+    grid = min(n // tc, cuda_nvrtc.sm_count(x.device))
     cuda_nvrtc.launch(fn, smem, threads, grid, torch.cuda.current_stream(x.device).cuda_stream, pdl, args,
                       "stream_gemv")
     return y
