@@ -29,8 +29,6 @@ arms interleaved within a round):
              and without the kernels before them letting them launch early, each STREAM_ARMS
   stream_moe the expert products by the stream kernels (each STREAM_MOE_ARMS setting) against the
              Triton expert kernels, graphed forward, 1/3/4 rows
-  inputs     the same (1, 3 and 4 rows, host work included), a step's inputs by one asynchronous
-             copy from pinned memory (cuda_graphs.PINNED_INPUTS) against two blocking copies
   stream_alone  each stream product shape alone (a graph of products with distinct weights, and
              the output product behind the DeltaNet's gated norm) against the Triton product
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
@@ -491,22 +489,6 @@ def stream_moe(eng: Engine, rounds: int) -> None:
             setattr(sm, k, kept[1][k])
 
 
-def inputs(eng: Engine, rounds: int) -> None:
-    """A step's inputs copied to the GPU in one asynchronous copy from pinned memory
-    (cuda_graphs.PINNED_INPUTS, the default) against two blocking copies from pageable memory, in
-    the timed forward (host work included, as the report's decode seconds), 1/3/4 rows."""
-    from verispec import cuda_graphs
-
-    kept = cuda_graphs.PINNED_INPUTS
-
-    def arm(on):
-        return lambda: setattr(cuda_graphs, "PINNED_INPUTS", on)
-    try:
-        graph_arms(eng, rounds, "inputs", {"pinned": arm(True), "pageable": arm(False)}, row_counts=(1, 3, 4))
-    finally:
-        cuda_graphs.PINNED_INPUTS = kept
-
-
 def stream_alone(rounds: int) -> None:
     """Each shape of cuda_stream_gemv.CONFIG alone: a graph of products over distinct weights
     (~400 MB in all, so L2 holds none of them; the DeltaNet's input product with its conv), 1 and
@@ -751,7 +733,6 @@ def main() -> int:
              ("stream", lambda: stream(eng, 4 * a.rounds + 4)),
              ("stream_alone", lambda: stream_alone(10 * a.rounds)),
              ("stream_moe", lambda: stream_moe(eng, 4 * a.rounds + 4)),
-             ("inputs", lambda: inputs(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),

@@ -19,10 +19,6 @@ import torch
 
 from .state import State
 
-# a step's inputs (ids, start) reach the GPU in one asynchronous copy from pinned memory; False:
-# two blocking copies from pageable memory, as before (bench/cuda_bench.py --sections inputs)
-PINNED_INPUTS = True
-
 
 class GraphedForward:
     def __init__(self, model, max_rows: int):
@@ -32,13 +28,8 @@ class GraphedForward:
         self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple]] = {}
         self.pool = None
         dev = model.embed.device
-        # [ids (max_rows), start]: the graphs read these addresses
-        self.inputs = torch.zeros(max_rows + 1, dtype=torch.long, device=dev)
-        self.ids, self.start = self.inputs[:max_rows], self.inputs[max_rows]
-        # its host side; a step writes it only after the previous step's copy is done (Model.forward
-        # synchronises before it returns, and the copy is waited for here as well)
-        self.host = torch.zeros(max_rows + 1, dtype=torch.long, pin_memory=True)
-        self.copied = torch.cuda.Event()
+        self.ids = torch.zeros(max_rows, dtype=torch.long, device=dev)
+        self.start = torch.zeros((), dtype=torch.long, device=dev)
         self.captures = 0
 
     def _bind(self, state: State) -> None:
@@ -75,15 +66,8 @@ class GraphedForward:
         rows = ids.shape[0]
         if state is not self.state:
             self._bind(state)
-        if PINNED_INPUTS:
-            self.copied.synchronize()
-            self.host[:rows] = ids
-            self.host[self.max_rows] = state.kv_len
-            self.inputs.copy_(self.host, non_blocking=True)
-            self.copied.record(torch.cuda.current_stream(self.inputs.device))
-        else:
-            self.ids[:rows].copy_(ids, non_blocking=False)
-            self.start.copy_(torch.tensor(state.kv_len))
+        self.ids[:rows].copy_(ids, non_blocking=False)
+        self.start.copy_(torch.tensor(state.kv_len))
         key = (rows, bool(save_slots))
         if key not in self.graphs:
             self.graphs[key] = self._capture(rows, state, save_slots)
