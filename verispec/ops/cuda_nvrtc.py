@@ -84,13 +84,13 @@ def sm_count(device: torch.device) -> int:
     return _sms[i]
 
 
-def compile_kernel(device: torch.device, source: str, name: str, defines: dict, smem: int):
-    """The function `name` of the package file `source`, compiled for device with -D defines,
-    allowed `smem` bytes of dynamic shared memory."""
+def compile_kernel(device: torch.device, source: str, name: str, defines: dict, smem: int, text: str | None = None):
+    """The function `name` of the package file `source` (or of `text`, named `source`: a benchmark's
+    probe kernel), compiled for device with -D defines, allowed `smem` bytes of dynamic shared memory."""
     torch.zeros(1, device=device)     # the device's primary context made current: the module loads into it
     major, minor = torch.cuda.get_device_capability(device)
     files = resources.files(__package__)
-    src = files.joinpath(source).read_text()
+    src = text if text is not None else files.joinpath(source).read_text()
     headers = [files.joinpath(h).read_text().encode() for h in HEADERS]
     prog = ok(nvrtc.nvrtcCreateProgram(src.encode(), source.encode(), len(HEADERS), headers,
                                        [h.encode() for h in HEADERS]), "nvrtcCreateProgram")

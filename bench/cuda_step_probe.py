@@ -1,0 +1,157 @@
+"""How near the copy rate could a persistent "megakernel" decode step get? (issue 9)
+
+bench/cuda_step_probe.cu streams a whole decode step's weight bytes of the 35B-A3B shape (5.89 GB,
+laid out phase by phase in the real step's order: each layer's mixer products, the router product,
+the shared and the routed experts, then the lm_head) through one persistent grid, with a grid
+barrier at each kernel boundary of the current design, computing nothing. Arms, interleaved, each
+timed with CUDA events, medians of --rounds:
+  stream        no barriers: the step's bytes as one stream (the ceiling of any design)
+  ahead         barriers; every weight requested as soon as a slot frees, across barriers, except the
+                routed experts (only after the router's phase): what a megakernel's loads could do
+  ahead_small   the same, with --small-ns of latency at each phase that moves no bytes (the
+                recurrence, the norms, the router, the combine, the attention's steps)
+  in_order      barriers, nothing requested before its own phase (a kernel chain without prefetch),
+                with the same latencies
+Each as a fraction of the limit the issue sets (the active bytes at the measured copy rate, as
+bench/cuda_bench.py computes it). Writes JSON to --out.
+
+  python3 bench/cuda_step_probe.py --rounds 20 --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from verispec.ops import cuda_nvrtc  # noqa: E402
+from verispec.random_model import active_weight_bytes, preset_config  # noqa: E402
+
+UNIT = 8192
+WARPS, SPW = 8, 3
+
+
+def phases(cfg: dict) -> list[tuple[str, int, bool]]:
+    """(name, bytes, routed) in the step's order; routed: requested only once the router has run."""
+    h = cfg["hidden_size"]
+    kd = cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"]
+    vd = cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"]
+    hv = cfg["linear_num_value_heads"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    e, k, i, si = (cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
+                   cfg["shared_expert_intermediate_size"])
+    out = []
+    for kind in cfg["layer_types"]:
+        if kind == "linear_attention":
+            out += [("in_conv", (2 * kd + 2 * vd + 2 * hv) * h * 2, False), ("recurrence", 0, False),
+                    ("gated_norm", 0, False), ("out", vd * h * 2, False)]
+        else:
+            out += [("qkv", (2 * nh * hd + 2 * nkv * hd) * h * 2, False), ("attend", 0, False),
+                    ("merge", 0, False), ("out", h * nh * hd * 2, False)]
+        out += [("add_norm_router", (e + 1) * h * 2, False), ("route", 0, False),
+                ("gate_up", (2 * si + k * 2 * i) * h * 2, True), ("down", (si + k * i) * h * 2, True),
+                ("combine", 0, False)]
+    return out + [("final_norm", 0, False), ("lm_head", cfg["vocab_size"] * h * 2, False)]
+
+
+def tables(ph, ahead: bool):
+    """-> (unit offsets [P + 1], from [P]) for the kernel."""
+    off, fr, u, after_route = [0], [], 0, 0
+    for p, (name, nbytes, routed) in enumerate(ph):
+        u += -(-nbytes // UNIT)
+        off.append(u)
+        if name == "route":
+            after_route = p + 1
+        fr.append(p if not ahead else (after_route if routed else 0))
+    return off, fr
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="qwen3.6-35b-a3b-shape")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--small-ns", type=int, default=1000, help="latency of a phase that moves no bytes (ns)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("cuda_step_probe: torch sees no CUDA GPU", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    cfg = preset_config(a.preset)
+    ph = phases(cfg)
+    need = active_weight_bytes(cfg)
+    units = sum(-(-b // UNIT) for _, b, _ in ph)
+    assert abs(units * UNIT - need) < 0.01 * need, (units * UNIT, need)
+    w = torch.randint(0, 255, (units * UNIT,), dtype=torch.uint8, device=dev)   # never zeros
+    src = (Path(__file__).parent / "cuda_step_probe.cu").read_text()
+    smem = WARPS * SPW * UNIT + WARPS * SPW * 8
+    fn = cuda_nvrtc.compile_kernel(dev, "cuda_step_probe.cu", "step_probe", {"WARPS": WARPS, "SPW": SPW}, smem, text=src)
+    grid = cuda_nvrtc.sm_count(dev)
+    ctr = torch.zeros(1, dtype=torch.int32, device=dev)
+    sink = torch.zeros(grid * WARPS, dtype=torch.int32, device=dev)
+    stream = torch.cuda.current_stream(dev)
+
+    # the ceiling: a device-to-device copy of 4 GiB, bytes read + written (as bench/cuda_bench.py)
+    x = torch.randint(0, 255, (4 << 30,), dtype=torch.uint8, device=dev)
+    y = torch.empty_like(x)
+    ts = []
+    for _ in range(12):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        y.copy_(x)
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) / 1e3)
+    bw = 2 * x.numel() / statistics.median(ts[2:])
+    del x, y
+    limit = need / bw
+
+    arms = {"stream": (False, True, 0), "ahead": (True, True, 0), "ahead_small": (True, True, a.small_ns),
+            "in_order": (True, False, a.small_ns)}
+    args_of = {}
+    for name, (barriers, ahead, small) in arms.items():
+        off, fr = tables(ph, ahead)
+        offt = torch.tensor(off, dtype=torch.int64, device=dev)
+        frt = torch.tensor(fr, dtype=torch.int32, device=dev)
+        args_of[name] = ((offt, frt), [ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(offt.data_ptr()),
+                                       ctypes.c_void_p(frt.data_ptr()), ctypes.c_int(len(ph)),
+                                       ctypes.c_void_p(ctr.data_ptr()), ctypes.c_void_p(sink.data_ptr()),
+                                       ctypes.c_int(int(barriers)), ctypes.c_longlong(small)])
+    times = {k: [] for k in arms}
+    for r in range(-2, a.rounds):
+        for name in arms:
+            ctr.zero_()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            cuda_nvrtc.launch(fn, smem, 32 * WARPS, grid, stream.cuda_stream, False, args_of[name][1], "step_probe")
+            e1.record()
+            e1.synchronize()
+            if r >= 0:
+                times[name].append(e0.elapsed_time(e1) / 1e3)
+    zero_phases = sum(1 for _, b, _ in ph if b == 0)
+    res = {"copy_Bps": bw, "active_bytes": need, "limit_ms": limit * 1e3, "phases": len(ph),
+           "zero_byte_phases": zero_phases, "small_ns": a.small_ns, "grid": grid, "warps": WARPS, "spw": SPW,
+           "arms": {}}
+    print(f"[probe] copy {bw / 1e12:.2f} TB/s; {need / 1e9:.2f} GB a step -> limit {limit * 1e3:.3f} ms; "
+          f"{len(ph)} phases ({zero_phases} move no bytes), grid {grid} x {WARPS} warps x {SPW} slots of {UNIT} B")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        res["arms"][name] = {"ms": med * 1e3, "spread_ms": [min(ts) * 1e3, max(ts) * 1e3], "of_limit": limit / med,
+                             "times": ts}
+        print(f"[probe] {name}: {med * 1e3:.3f} ms [{min(ts) * 1e3:.3f}-{max(ts) * 1e3:.3f}] = "
+              f"{limit / med * 100:.1f}% of the limit")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cuda_step_probe.json").write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
