@@ -12,6 +12,7 @@ timed with CUDA events, medians of --rounds:
                 recurrence, the norms, the router, the combine, the attention's steps)
   in_order      barriers, nothing requested before its own phase (a kernel chain without prefetch),
                 with the same latencies
+  barriers_only the barriers alone (no bytes, no latencies): what a grid barrier costs
 Each as a fraction of the limit the issue sets (the active bytes at the measured copy rate, as
 bench/cuda_bench.py computes it). Writes JSON to --out.
 
@@ -61,11 +62,11 @@ def phases(cfg: dict) -> list[tuple[str, int, bool]]:
     return out + [("final_norm", 0, False), ("lm_head", cfg["vocab_size"] * h * 2, False)]
 
 
-def tables(ph, ahead: bool):
-    """-> (unit offsets [P + 1], from [P]) for the kernel."""
+def tables(ph, ahead: bool, empty: bool = False):
+    """-> (unit offsets [P + 1], from [P]) for the kernel (empty: every phase without bytes)."""
     off, fr, u, after_route = [0], [], 0, 0
     for p, (name, nbytes, routed) in enumerate(ph):
-        u += -(-nbytes // UNIT)
+        u += 0 if empty else -(-nbytes // UNIT)
         off.append(u)
         if name == "route":
             after_route = p + 1
@@ -114,10 +115,10 @@ def main() -> int:
     limit = need / bw
 
     arms = {"stream": (False, True, 0), "ahead": (True, True, 0), "ahead_small": (True, True, a.small_ns),
-            "in_order": (True, False, a.small_ns)}
+            "in_order": (True, False, a.small_ns), "barriers_only": (True, True, 0)}
     args_of = {}
     for name, (barriers, ahead, small) in arms.items():
-        off, fr = tables(ph, ahead)
+        off, fr = tables(ph, ahead, empty=name == "barriers_only")
         offt = torch.tensor(off, dtype=torch.int64, device=dev)
         frt = torch.tensor(fr, dtype=torch.int32, device=dev)
         args_of[name] = ((offt, frt), [ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(offt.data_ptr()),
@@ -146,7 +147,8 @@ def main() -> int:
         res["arms"][name] = {"ms": med * 1e3, "spread_ms": [min(ts) * 1e3, max(ts) * 1e3], "of_limit": limit / med,
                              "times": ts}
         print(f"[probe] {name}: {med * 1e3:.3f} ms [{min(ts) * 1e3:.3f}-{max(ts) * 1e3:.3f}] = "
-              f"{limit / med * 100:.1f}% of the limit")
+              f"{limit / med * 100:.1f}% of the limit" + (f"; {med / (len(ph) - 1) * 1e6:.2f} us a barrier"
+                                                          if name == "barriers_only" else ""))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cuda_step_probe.json").write_text(json.dumps(res, indent=1) + "\n")
