@@ -13,6 +13,8 @@ timed with CUDA events, medians of --rounds:
   in_order      barriers, nothing requested before its own phase (a kernel chain without prefetch),
                 with the same latencies
   barriers_only the barriers alone (no bytes, no latencies): what a grid barrier costs
+  fused_ahead   as ahead, without the phases that move no bytes (their work folded into their
+                neighbours at no cost, and the barriers they add gone): fewer sync points
 Each as a fraction of the limit the issue sets (the active bytes at the measured copy rate, as
 bench/cuda_bench.py computes it). Writes JSON to --out.
 
@@ -115,14 +117,16 @@ def main() -> int:
     limit = need / bw
 
     arms = {"stream": (False, True, 0), "ahead": (True, True, 0), "ahead_small": (True, True, a.small_ns),
-            "in_order": (True, False, a.small_ns), "barriers_only": (True, True, 0)}
+            "in_order": (True, False, a.small_ns), "barriers_only": (True, True, 0), "fused_ahead": (True, True, 0)}
+    fused = [q for q in ph if q[1] > 0 or q[0] == "route"]     # the router's phase marks where routed ones may start
     args_of = {}
     for name, (barriers, ahead, small) in arms.items():
-        off, fr = tables(ph, ahead, empty=name == "barriers_only")
+        arm_ph = fused if name == "fused_ahead" else ph
+        off, fr = tables(arm_ph, ahead, empty=name == "barriers_only")
         offt = torch.tensor(off, dtype=torch.int64, device=dev)
         frt = torch.tensor(fr, dtype=torch.int32, device=dev)
         args_of[name] = ((offt, frt), [ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(offt.data_ptr()),
-                                       ctypes.c_void_p(frt.data_ptr()), ctypes.c_int(len(ph)),
+                                       ctypes.c_void_p(frt.data_ptr()), ctypes.c_int(len(arm_ph)),
                                        ctypes.c_void_p(ctr.data_ptr()), ctypes.c_void_p(sink.data_ptr()),
                                        ctypes.c_int(int(barriers)), ctypes.c_longlong(small)])
     times = {k: [] for k in arms}
