@@ -1,0 +1,38 @@
+"""bench/cuda_step_probe.py's accounting (runs on the CPU; the probe itself needs a GPU): its phases
+hold exactly the bytes a decode step must read, in the step's order, and its request tables let
+the routed experts' phases start only after the router's phase (or each phase only in itself)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import cuda_step_probe as probe  # noqa: E402
+
+from verispec.random_model import active_weight_bytes, preset_config  # noqa: E402
+
+
+def test_phases_hold_the_step_bytes_in_order():
+    cfg = preset_config("qwen3.6-35b-a3b-shape")
+    ph = probe.phases(cfg)
+    assert sum(b for _, b, _ in ph) == active_weight_bytes(cfg)
+    per_layer = {"linear_attention": 9, "full_attention": 9}
+    assert len(ph) == sum(per_layer[k] for k in cfg["layer_types"]) + 2
+    assert ph[-1][0] == "lm_head" and ph[0][0] == ("in_conv" if cfg["layer_types"][0] == "linear_attention" else "qkv")
+    assert {n for n, _, routed in ph if routed} == {"gate_up", "down"}
+
+
+def test_request_tables():
+    ph = probe.phases(preset_config("qwen3.6-35b-a3b-shape", layers=4))
+    off, fr = probe.tables(ph, ahead=True)
+    assert len(off) == len(ph) + 1 and off[0] == 0
+    assert all(off[p + 1] - off[p] == -(-b // probe.UNIT) for p, (_, b, _) in enumerate(ph))
+    for p, (name, _, routed) in enumerate(ph):
+        if routed:                       # from the phase after this layer's router on, never before it
+            route = max(q for q in range(p) if ph[q][0] == "route")
+            assert fr[p] == route + 1
+        else:
+            assert fr[p] == 0
+    assert probe.tables(ph, ahead=False)[1] == list(range(len(ph)))
+    empty, _ = probe.tables(ph, ahead=True, empty=True)
+    assert empty == [0] * (len(ph) + 1)
