@@ -19,19 +19,6 @@
 constexpr int THREADS = 32 * WARPS;
 constexpr int UNIT = 8192;
 
-__device__ __forceinline__ void grid_sync(unsigned* ctr, unsigned target) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(ctr, 1u);
-        unsigned v;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ctr) : "memory");
-        } while (v < target);
-    }
-    __syncthreads();
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 step_probe(const unsigned char* w, const long long* off, const int* from, int P, unsigned* ctr, unsigned* sink,
            int barriers, long long small_ns)

@@ -1,6 +1,6 @@
 // Device helpers shared by our CUDA C++ kernels (cuda_moe_tail.cu, cuda_stream_gemv.cu,
-// cuda_stream_moe.cu): bf16 as its bits, the mbarrier, bulk-copy and 2D TMA instructions of the
-// copy engine, and the tensor-core product.
+// cuda_stream_moe.cu, and bench/cuda_step_probe.cu): bf16 as its bits, the mbarrier, bulk-copy and
+// 2D TMA instructions of the copy engine, the tensor-core product and a grid barrier.
 // NVRTC gets it as a header (cuda_nvrtc.compile_kernel); no system headers.
 #pragma once
 
@@ -49,6 +49,22 @@ __device__ __forceinline__ void mma(float* c, unsigned a0, unsigned a1, unsigned
 }
 
 __device__ __forceinline__ uint4 ldcg16(const bf16* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
+
+// A grid barrier for a persistent kernel (cuda_moe_tail.cu, bench/cuda_step_probe.cu): every CTA
+// past it has finished what it did before (all CTAs resident: one per SM, grid = SM count). ctr
+// counts arrivals over the launch (zeroed before it); the k-th barrier's target is k * G.
+__device__ __forceinline__ void grid_sync(unsigned* ctr, unsigned target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(ctr, 1u);
+        unsigned v;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ctr) : "memory");
+        } while (v < target);
+    }
+    __syncthreads();
+}
 
 struct __align__(64) TensorMap { u64 opaque[16]; };   // a CUtensorMap, passed by value
 

@@ -86,21 +86,6 @@ __device__ __forceinline__ float warp_sum(float v) {   // a fixed butterfly: eve
     return v;
 }
 
-// Every CTA of the grid past this point has finished what its consumers wrote before (all
-// CTAs are resident: one per SM, grid = SM count). ctr counts arrivals; target = G, then 2G.
-__device__ __forceinline__ void grid_sync(unsigned* ctr, unsigned target) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(ctr, 1u);
-        unsigned v;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ctr) : "memory");
-        } while (v < target);
-    }
-    __syncthreads();
-}
-
 // unit i: warp i % WARPS, in that warp's slots in turn; use = how many units the slot had before
 __device__ __forceinline__ int slot_of(int i) { return (i % WARPS) * SPW + (i / WARPS) % SPW; }
 __device__ __forceinline__ int use_of(int i) { return i / WARPS / SPW; }
