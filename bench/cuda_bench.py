@@ -214,15 +214,15 @@ def verify(eng: Engine, rounds: int, bw: float, max_rows: int = 6, key: str = "v
     n_moe = len(cfg["layer_types"])
     out = {}
     t1 = statistics.median(times[1])
-    need1 = dense + n_moe * (statistics.mean(distinct[1]) if distinct[1] else float("nan")) * eb
+    mean_distinct = {n: statistics.mean(distinct[n]) if distinct[n] else float("nan") for n in times}
+    bytes_of = {n: dense + n_moe * d * eb for n, d in mean_distinct.items()}
     for n in times:
         t = statistics.median(times[n])
-        d = statistics.mean(distinct[n]) if distinct[n] else float("nan")
-        need = dense + n_moe * d * eb
+        d, need = mean_distinct[n], bytes_of[n]
         bt = need / bw
         # two readings of issue 9's target: T(n) against its bytes' time at the copy rate, and the
         # growth T(n)/T(1) against the bytes' growth (how much of a verify's added cost its added bytes explain)
-        growth = (t / t1) / (need / need1)
+        growth = (t / t1) / (need / bytes_of[1])
         out[n] = {"ms": t * 1e3, "ratio": t / t1, "distinct_experts": d, "bytes": need, "bandwidth_ms": bt * 1e3,
                   "vs_bandwidth": t / bt, "growth_vs_bytes_growth": growth,
                   "spread_ms": [min(times[n]) * 1e3, max(times[n]) * 1e3]}

@@ -15,8 +15,8 @@ timed with CUDA events, medians of --rounds:
   barriers_only the barriers alone (no bytes, no latencies): what a grid barrier costs
   fused_ahead   as ahead, without the phases that move no bytes (their work folded into their
                 neighbours at no cost, and the barriers they add gone): fewer sync points
-Each as a fraction of the limit the issue sets (the active bytes at the measured copy rate, as
-bench/cuda_bench.py computes it). Writes JSON to --out.
+Each as a fraction of the limit the issue sets (the active bytes at the copy rate that
+bench/cuda_bench.py's bandwidth() measures). Writes JSON to --out.
 
   python3 bench/cuda_step_probe.py --rounds 20 --out $OUT
 """
@@ -101,19 +101,8 @@ def main() -> int:
     sink = torch.zeros(grid * WARPS, dtype=torch.int32, device=dev)
     stream = torch.cuda.current_stream(dev)
 
-    # the ceiling: a device-to-device copy of 4 GiB, bytes read + written (as bench/cuda_bench.py)
-    x = torch.randint(0, 255, (4 << 30,), dtype=torch.uint8, device=dev)
-    y = torch.empty_like(x)
-    ts = []
-    for _ in range(12):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        y.copy_(x)
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) / 1e3)
-    bw = 2 * x.numel() / statistics.median(ts[2:])
-    del x, y
+    from cuda_bench import bandwidth     # the ceiling as the main benchmark measures it (bench/ is on the path)
+    bw = bandwidth()
     limit = need / bw
 
     arms = {"stream": (False, True, 0), "ahead": (True, True, 0), "ahead_small": (True, True, a.small_ns),
