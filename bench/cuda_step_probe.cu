@@ -10,8 +10,8 @@
 // owns SPW slots filled by one bulk copy each (mbarrier completion, as cuda_stream_gemv.cu), and
 // requests its units in order as slots free: a unit of phase q may be requested once the CTA is in
 // phase from[q] or later (from[q] = 0: a weight known before the step; the routed experts' phases:
-// the phase after the router). barriers 1: a grid barrier after every phase (CTA 0 spins small_ns
-// first where the phase moves no bytes: a latency-bound kernel's chain of loads and reductions).
+// the phase after the router). barriers 1: a grid barrier after every phase, CTA 0 first spinning
+// spin[p] ns (a latency-bound step's chain of loads and reductions, or a fold's added work).
 // Compiled by NVRTC with -D WARPS and SPW.
 
 #include "cuda_device.cuh"
@@ -21,7 +21,7 @@ constexpr int UNIT = 8192;
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 step_probe(const unsigned char* w, const long long* off, const int* from, int P, unsigned* ctr, unsigned* sink,
-           int barriers, long long small_ns)
+           int barriers, const long long* spin)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     u64* full = reinterpret_cast<u64*>(smem + WARPS * SPW * UNIT);
@@ -76,10 +76,11 @@ step_probe(const unsigned char* w, const long long* off, const int* from, int P,
             settle(cp, cu);
         }
         if (barriers && p + 1 < P) {
-            if (small_ns > 0 && off[p + 1] == off[p] && c == 0 && tid == 0) {
+            const long long ns = spin[p];
+            if (ns > 0 && c == 0 && tid == 0) {
                 long long t0, t;
                 asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-                do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < small_ns);
+                do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
             }
             grid_sync(ctr, (unsigned)(p + 1) * G);
         }

@@ -15,6 +15,12 @@ timed with CUDA events, medians of --rounds:
   barriers_only the barriers alone (no bytes, no latencies): what a grid barrier costs
   fused_ahead   as ahead, without the phases that move no bytes (their work folded into their
                 neighbours at no cost, and the barriers they add gone): fewer sync points
+  fused_costed  fused_ahead with what the folds would still cost a real megakernel (costed_phases):
+                the DeltaNet state's traffic (read and written once a step, as bytes requested ahead)
+                and --rec-ns of recurrence after each DeltaNet input product, a barrier for the gated
+                norm's reduction across the CTAs of a head, --attend-ns for attention over the cache,
+                and --combine-ns at each MoE's end for the combine and norm repeated in every CTA
+  fused_costed_2x  the same with those three latencies doubled (how much the estimate rests on them)
 Each as a fraction of the limit the issue sets (the active bytes at the copy rate that
 bench/cuda_bench.py's bandwidth() measures). Writes JSON to --out.
 
@@ -64,10 +70,35 @@ def phases(cfg: dict) -> list[tuple[str, int, bool]]:
     return out + [("final_norm", 0, False), ("lm_head", cfg["vocab_size"] * h * 2, False)]
 
 
+def costed_phases(cfg: dict, rec_ns: int, attend_ns: int, combine_ns: int) -> list[tuple[str, int, bool, int]]:
+    """phases() as a megakernel with the byte-less steps folded would run them, with the costs the
+    folds leave (name, bytes, routed, spin ns at the phase's end). The state bytes are fp32 and move
+    twice (read, written); the writes are modelled as reads requested ahead, the reads' own cost."""
+    state = cfg["linear_num_value_heads"] * cfg["linear_key_head_dim"] * cfg["linear_value_head_dim"] * 4
+    out: list[tuple[str, int, bool, int]] = []
+    for name, nbytes, routed in phases(cfg):
+        if name == "in_conv":
+            out += [(name, nbytes, routed, 0), ("recurrence", 2 * state, False, rec_ns), ("gnorm_sync", 0, False, 0)]
+        elif name == "attend":
+            out.append((name, 0, False, attend_ns))
+        elif name == "combine":
+            last = out.pop()
+            assert last[0] == "down"
+            out.append(last[:3] + (combine_ns,))
+        elif nbytes > 0 or name == "route":
+            out.append((name, nbytes, routed, 0))
+    return out
+
+
+def spins(ph, small_ns: int) -> list[int]:
+    """ns to spin at each phase's end: the phase's own (costed_phases) or small_ns where it moves no bytes."""
+    return [q[3] if len(q) > 3 else (small_ns if q[1] == 0 else 0) for q in ph]
+
+
 def tables(ph, ahead: bool, empty: bool = False):
     """-> (unit offsets [P + 1], from [P]) for the kernel (empty: every phase without bytes)."""
     off, fr, u, after_route = [0], [], 0, 0
-    for p, (name, nbytes, routed) in enumerate(ph):
+    for p, (name, nbytes, routed, *_) in enumerate(ph):
         u += 0 if empty else -(-nbytes // UNIT)
         off.append(u)
         if name == "route":
@@ -81,6 +112,9 @@ def main() -> int:
     ap.add_argument("--preset", default="qwen3.6-35b-a3b-shape")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--small-ns", type=int, default=1000, help="latency of a phase that moves no bytes (ns)")
+    ap.add_argument("--rec-ns", type=int, default=1000, help="fused_costed: the recurrence's latency (ns)")
+    ap.add_argument("--attend-ns", type=int, default=1000, help="fused_costed: attention's latency (ns)")
+    ap.add_argument("--combine-ns", type=int, default=500, help="fused_costed: the combine + norm in every CTA (ns)")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -92,7 +126,9 @@ def main() -> int:
     need = active_weight_bytes(cfg)
     units = sum(-(-b // UNIT) for _, b, _ in ph)
     assert abs(units * UNIT - need) < 0.01 * need, (units * UNIT, need)
-    w = torch.randint(0, 255, (units * UNIT,), dtype=torch.uint8, device=dev)   # never zeros
+    costed = costed_phases(cfg, a.rec_ns, a.attend_ns, a.combine_ns)
+    cost_units = sum(-(-q[1] // UNIT) for q in costed)           # more: the DeltaNet state's bytes
+    w = torch.randint(0, 255, (max(units, cost_units) * UNIT,), dtype=torch.uint8, device=dev)   # never zeros
     src = (Path(__file__).parent / "cuda_step_probe.cu").read_text()
     smem = WARPS * SPW * UNIT + WARPS * SPW * 8
     fn = cuda_nvrtc.compile_kernel(dev, "cuda_step_probe.cu", "step_probe", {"WARPS": WARPS, "SPW": SPW}, smem, text=src)
@@ -105,19 +141,23 @@ def main() -> int:
     bw = bandwidth()
     limit = need / bw
 
-    arms = {"stream": (False, True, 0), "ahead": (True, True, 0), "ahead_small": (True, True, a.small_ns),
-            "in_order": (True, False, a.small_ns), "barriers_only": (True, True, 0), "fused_ahead": (True, True, 0)}
     fused = [q for q in ph if q[1] > 0 or q[0] == "route"]     # the router's phase marks where routed ones may start
+    # name: (phases, barriers, requests ahead, ns at a byte-less phase, no bytes)
+    arms = {"stream": (ph, False, True, 0, False), "ahead": (ph, True, True, 0, False),
+            "ahead_small": (ph, True, True, a.small_ns, False), "in_order": (ph, True, False, a.small_ns, False),
+            "barriers_only": (ph, True, True, 0, True), "fused_ahead": (fused, True, True, 0, False),
+            "fused_costed": (costed, True, True, 0, False),
+            "fused_costed_2x": (costed_phases(cfg, 2 * a.rec_ns, 2 * a.attend_ns, 2 * a.combine_ns), True, True, 0, False)}
     args_of = {}
-    for name, (barriers, ahead, small) in arms.items():
-        arm_ph = fused if name == "fused_ahead" else ph
-        off, fr = tables(arm_ph, ahead, empty=name == "barriers_only")
+    for name, (arm_ph, barriers, ahead, small, empty) in arms.items():
+        off, fr = tables(arm_ph, ahead, empty=empty)
         offt = torch.tensor(off, dtype=torch.int64, device=dev)
         frt = torch.tensor(fr, dtype=torch.int32, device=dev)
-        args_of[name] = ((offt, frt), [ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(offt.data_ptr()),
-                                       ctypes.c_void_p(frt.data_ptr()), ctypes.c_int(len(arm_ph)),
-                                       ctypes.c_void_p(ctr.data_ptr()), ctypes.c_void_p(sink.data_ptr()),
-                                       ctypes.c_int(int(barriers)), ctypes.c_longlong(small)])
+        spt = torch.tensor(spins(arm_ph, small), dtype=torch.int64, device=dev)
+        args_of[name] = ((offt, frt, spt), [ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(offt.data_ptr()),
+                                            ctypes.c_void_p(frt.data_ptr()), ctypes.c_int(len(arm_ph)),
+                                            ctypes.c_void_p(ctr.data_ptr()), ctypes.c_void_p(sink.data_ptr()),
+                                            ctypes.c_int(int(barriers)), ctypes.c_void_p(spt.data_ptr())])
     times = {k: [] for k in arms}
     for r in range(-2, a.rounds):
         for name in arms:
@@ -131,10 +171,14 @@ def main() -> int:
                 times[name].append(e0.elapsed_time(e1) / 1e3)
     zero_phases = sum(1 for _, b, _ in ph if b == 0)
     res = {"copy_Bps": bw, "active_bytes": need, "limit_ms": limit * 1e3, "phases": len(ph),
-           "zero_byte_phases": zero_phases, "small_ns": a.small_ns, "grid": grid, "warps": WARPS, "spw": SPW,
+           "zero_byte_phases": zero_phases, "small_ns": a.small_ns,
+           "fused_costed": {"phases": len(costed), "bytes": sum(q[1] for q in costed), "rec_ns": a.rec_ns,
+                            "attend_ns": a.attend_ns, "combine_ns": a.combine_ns}, "grid": grid, "warps": WARPS, "spw": SPW,
            "arms": {}}
     print(f"[probe] copy {bw / 1e12:.2f} TB/s; {need / 1e9:.2f} GB a step -> limit {limit * 1e3:.3f} ms; "
-          f"{len(ph)} phases ({zero_phases} move no bytes), grid {grid} x {WARPS} warps x {SPW} slots of {UNIT} B")
+          f"{len(ph)} phases ({zero_phases} move no bytes), grid {grid} x {WARPS} warps x {SPW} slots of {UNIT} B; "
+          f"fused_costed: {len(costed)} phases, {sum(q[1] for q in costed) / 1e9:.2f} GB, recurrence {a.rec_ns} ns, "
+          f"attention {a.attend_ns} ns, combine {a.combine_ns} ns")
     for name, ts in times.items():
         med = statistics.median(ts)
         res["arms"][name] = {"ms": med * 1e3, "spread_ms": [min(ts) * 1e3, max(ts) * 1e3], "of_limit": limit / med,

@@ -36,3 +36,27 @@ def test_request_tables():
     assert probe.tables(ph, ahead=False)[1] == list(range(len(ph)))
     empty, _ = probe.tables(ph, ahead=True, empty=True)
     assert empty == [0] * (len(ph) + 1)
+
+
+def test_costed_phases_fold_the_byteless_steps_and_carry_their_costs():
+    cfg = preset_config("qwen3.6-35b-a3b-shape")
+    ph = probe.costed_phases(cfg, rec_ns=1000, attend_ns=700, combine_ns=500)
+    types = cfg["layer_types"]
+    n_lin = sum(k == "linear_attention" for k in types)
+    state = cfg["linear_num_value_heads"] * cfg["linear_key_head_dim"] * cfg["linear_value_head_dim"] * 4
+    # the weights once, plus each DeltaNet layer's fp32 state read and written
+    assert sum(q[1] for q in ph) == active_weight_bytes(cfg) + n_lin * 2 * state
+    # a DeltaNet layer: in_conv, recurrence, gnorm_sync, out, router, route, gate_up, down; attention: qkv, attend, ...
+    assert len(ph) == 8 * n_lin + 7 * (len(types) - n_lin) + 1
+    assert {q[0] for q in ph if q[1] == 0} == {"gnorm_sync", "route", "attend"}
+    sp = probe.spins(ph, small_ns=12345)           # small_ns is only for phases without their own cost
+    assert sp == [q[3] for q in ph]
+    assert {n: s for (n, *_), s in zip(ph, sp) if s} == {"recurrence": 1000, "attend": 700, "down": 500}
+    assert sum(sp) == 1000 * n_lin + 700 * (len(types) - n_lin) + 500 * len(types)
+    assert [q[0] for q in ph if q[2]] == ["gate_up", "down"] * len(types)
+
+
+def test_spins_of_the_plain_phases():
+    ph = probe.phases(preset_config("qwen3.6-35b-a3b-shape", layers=4))
+    assert probe.spins(ph, 1000) == [1000 if b == 0 else 0 for _, b, _ in ph]
+    assert probe.spins(ph, 0) == [0] * len(ph)
