@@ -11,17 +11,47 @@
 // requests its units in order as slots free: a unit of phase q may be requested once the CTA is in
 // phase from[q] or later (from[q] = 0: a weight known before the step; the routed experts' phases:
 // the phase after the router). barriers 1: a grid barrier after every phase, CTA 0 first spinning
-// spin[p] ns (a latency-bound step's chain of loads and reductions, or a fold's added work).
+// spin[p] ns (a latency-bound step's chain of loads and reductions, or a fold's added work);
+// barrier_mode: which grid barrier (grid_sync_mode).
 // Compiled by NVRTC with -D WARPS and SPW.
 
 #include "cuda_device.cuh"
 
 constexpr int THREADS = 32 * WARPS;
 constexpr int UNIT = 8192;
+constexpr int LINE = 32;       // unsigned counters a 128-byte line
+
+// Two other grid barriers than cuda_device.cuh's grid_sync (a fence, then an atomic add), to see what
+// a megakernel's barrier could cost. mode 1: the arrival one release reduction (no full fence, no
+// returned value), as CUTLASS's GenericBarrier arrives; the CTA's writes are ordered before it by the
+// __syncthreads and the release's cumulativity. mode 2: the same with the arrivals spread over 8
+// counters on their own lines (fewer reductions queued at one L2 slice); a CTA passes once the 8 sum
+// to the target. ctr: 8 lines of counters, zeroed before the launch.
+__device__ __forceinline__ void grid_sync_mode(unsigned* ctr, unsigned target, int mode) {
+    if (mode == 0) {
+        grid_sync(ctr, target);
+        return;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* mine = ctr + (mode == 2 ? (blockIdx.x & 7) * LINE : 0);
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(mine) : "memory");
+        unsigned sum;
+        do {
+            sum = 0;
+            for (int i = 0; i < (mode == 2 ? 8 : 1); ++i) {
+                unsigned v;
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ctr + i * LINE) : "memory");
+                sum += v;
+            }
+        } while (sum < target);
+    }
+    __syncthreads();
+}
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 step_probe(const unsigned char* w, const long long* off, const int* from, int P, unsigned* ctr, unsigned* sink,
-           int barriers, const long long* spin)
+           int barriers, const long long* spin, int barrier_mode)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     u64* full = reinterpret_cast<u64*>(smem + WARPS * SPW * UNIT);
@@ -82,7 +112,7 @@ step_probe(const unsigned char* w, const long long* off, const int* from, int P,
                 asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
                 do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
             }
-            grid_sync(ctr, (unsigned)(p + 1) * G);
+            grid_sync_mode(ctr, (unsigned)(p + 1) * G, barrier_mode);
         }
     }
     if (lane == 0) sink[c * WARPS + warp] = acc;

@@ -21,6 +21,9 @@ timed with CUDA events, medians of --rounds:
                 norm's reduction across the CTAs of a head, --attend-ns for attention over the cache,
                 and --combine-ns at each MoE's end for the combine and norm repeated in every CTA
   fused_costed_2x  the same with those three latencies doubled (how much the estimate rests on them)
+  *_rel         barriers_only, fused_ahead, fused_costed with the grid barrier's arrival a release
+                reduction instead of a fence and an atomic add (cuda_step_probe.cu, grid_sync_mode 1)
+  *_spread      the same with the arrivals spread over 8 counters (grid_sync_mode 2)
 Each as a fraction of the limit the issue sets (the active bytes at the copy rate that
 bench/cuda_bench.py's bandwidth() measures). Writes JSON to --out.
 
@@ -133,7 +136,7 @@ def main() -> int:
     smem = WARPS * SPW * UNIT + WARPS * SPW * 8
     fn = cuda_nvrtc.compile_kernel(dev, "cuda_step_probe.cu", "step_probe", {"WARPS": WARPS, "SPW": SPW}, smem, text=src)
     grid = cuda_nvrtc.sm_count(dev)
-    ctr = torch.zeros(1, dtype=torch.int32, device=dev)
+    ctr = torch.zeros(8 * 32, dtype=torch.int32, device=dev)     # 8 lines of counters (grid_sync_mode)
     sink = torch.zeros(grid * WARPS, dtype=torch.int32, device=dev)
     stream = torch.cuda.current_stream(dev)
 
@@ -142,14 +145,18 @@ def main() -> int:
     limit = need / bw
 
     fused = [q for q in ph if q[1] > 0 or q[0] == "route"]     # the router's phase marks where routed ones may start
-    # name: (phases, barriers, requests ahead, ns at a byte-less phase, no bytes)
+    # name: (phases, barriers, requests ahead, ns at a byte-less phase, no bytes[, barrier mode])
     arms = {"stream": (ph, False, True, 0, False), "ahead": (ph, True, True, 0, False),
             "ahead_small": (ph, True, True, a.small_ns, False), "in_order": (ph, True, False, a.small_ns, False),
             "barriers_only": (ph, True, True, 0, True), "fused_ahead": (fused, True, True, 0, False),
             "fused_costed": (costed, True, True, 0, False),
-            "fused_costed_2x": (costed_phases(cfg, 2 * a.rec_ns, 2 * a.attend_ns, 2 * a.combine_ns), True, True, 0, False)}
+            "fused_costed_2x": (costed_phases(cfg, 2 * a.rec_ns, 2 * a.attend_ns, 2 * a.combine_ns), True, True, 0, False),
+            "barriers_only_rel": (ph, True, True, 0, True, 1), "fused_ahead_rel": (fused, True, True, 0, False, 1),
+            "fused_costed_rel": (costed, True, True, 0, False, 1),
+            "barriers_only_spread": (ph, True, True, 0, True, 2), "fused_ahead_spread": (fused, True, True, 0, False, 2),
+            "fused_costed_spread": (costed, True, True, 0, False, 2)}
     args_of = {}
-    for name, (arm_ph, barriers, ahead, small, empty) in arms.items():
+    for name, (arm_ph, barriers, ahead, small, empty, *mode) in arms.items():
         off, fr = tables(arm_ph, ahead, empty=empty)
         offt = torch.tensor(off, dtype=torch.int64, device=dev)
         frt = torch.tensor(fr, dtype=torch.int32, device=dev)
@@ -157,7 +164,8 @@ def main() -> int:
         args_of[name] = ((offt, frt, spt), [ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(offt.data_ptr()),
                                             ctypes.c_void_p(frt.data_ptr()), ctypes.c_int(len(arm_ph)),
                                             ctypes.c_void_p(ctr.data_ptr()), ctypes.c_void_p(sink.data_ptr()),
-                                            ctypes.c_int(int(barriers)), ctypes.c_void_p(spt.data_ptr())])
+                                            ctypes.c_int(int(barriers)), ctypes.c_void_p(spt.data_ptr()),
+                                            ctypes.c_int(mode[0] if mode else 0)])
     times = {k: [] for k in arms}
     for r in range(-2, a.rounds):
         for name in arms:
@@ -185,7 +193,7 @@ def main() -> int:
                              "times": ts}
         print(f"[probe] {name}: {med * 1e3:.3f} ms [{min(ts) * 1e3:.3f}-{max(ts) * 1e3:.3f}] = "
               f"{limit / med * 100:.1f}% of the limit" + (f"; {med / (len(ph) - 1) * 1e6:.2f} us a barrier"
-                                                          if name == "barriers_only" else ""))
+                                                          if name.startswith("barriers_only") else ""))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cuda_step_probe.json").write_text(json.dumps(res, indent=1) + "\n")
