@@ -468,7 +468,7 @@ def stream_moe(eng: Engine, rounds: int) -> None:
     STREAM_MOE_ARMS setting against the Triton expert kernels, in the graphed forward (1, 3, 4 rows).
     GR, GSPW, DSPW and the early launch change no sum's order (their arms must give the first arm's
     logits); the Triton arm sums in other orders. (Calls 95-96 also ran the stream gate/up with the
-    Triton down: docs/cuda.md.)"""
+    Triton down: docs/cuda-history.md.)"""
     from verispec.ops import cuda_fusions, cuda_stream_moe as sm
 
     names = ("GR", "GSPW", "DSPW", "EARLY_ROUTE")

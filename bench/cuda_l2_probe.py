@@ -1,6 +1,6 @@
 """How much faster does a decode product run when its weights are already in L2? (issue 9)
 
-The question behind the L2 prefetch experiment (docs/cuda.md, eighth session; the kernels below):
+The question behind the L2 prefetch experiment (docs/cuda-history.md, eighth session; the kernels below):
 if a product whose weights sit in L2 is not much faster than one reading them from DRAM,
 fetching weights early cannot pay, whatever the timing. Each case is a CUDA graph replayed
 back to back (so no host gap is timed) and its time minus that of the same graph without

@@ -14,7 +14,7 @@ A kernel is EARLY here when it signals its dependents before its own `griddepcon
 
 The session's other probes of this idea (the products preloading their weights before the wait,
 in registers and by TMA, alone and in a chain of spinning kernels) ran on code since removed;
-their raw results are bench/results/cuda_pdl_probe_run63-66.* (docs/cuda.md, eleventh session).
+their raw results are bench/results/cuda_pdl_probe_run63-66.* (docs/cuda-history.md, eleventh session).
 
   python3 bench/cuda_pdl_probe.py --out $OUT
 """

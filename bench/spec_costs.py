@@ -548,7 +548,7 @@ def markdown(doc: dict) -> str:
             L.append(f"| {a} | {r['tokens_per_forward']:.2f} | {r['forwards']} | {fmt(r['tok_s'], 2)} | "
                      f"{fmt(r['speedup'], 2)} | {'yes' if r['same_ids_as_plain'] else '**NO**'} |")
         sl = s3["slots"]
-        L += ["", f"### Copy slots", "",
+        L += ["", "### Copy slots", "",
               f"One slot = the recurrent state and conv ring of {sl['linear_layers']} DeltaNet layers, "
               f"{sl['slot_bytes'] / 2**20:.2f} MiB. A verify of M rows writes M-1 slots (after every row but the last); "
               "the undo is a pointer swap.", "",

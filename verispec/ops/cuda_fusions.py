@@ -21,7 +21,7 @@ captured, so a CUDA graph keeps what was set at its capture).
                      order than the Triton product's
 
   STREAM_MOE         (off unless asked for: exact, but 2.9-5.3% slower than the Triton kernels in
-                     the graphed forward, docs/cuda.md, fifteenth session)
+                     the graphed forward, docs/cuda-history.md, fifteenth session)
                      the MoE's expert products (gate/up + SwiGLU, down) by CUDA C++ kernels whose
                      weights reach shared memory by TMA tiles, the shared expert's and the down
                      weights requested before the previous kernel is done, the router letting the
@@ -31,7 +31,7 @@ captured, so a CUDA graph keeps what was set at its capture).
 `VERISPEC_FUSIONS_OFF=all` (or a comma-separated list of names) turns them off at import,
 `VERISPEC_FUSIONS_ON=MOE_TAIL,STREAM_MOE` turns those on;
 `bench/cuda_bench.py --sections fusions` measures each against the forward without it.
-Three more were built, measured and dropped (docs/cuda.md, "Tried and dropped"): the gated
+Three more were built, measured and dropped (docs/cuda-history.md, "Tried and dropped"): the gated
 norm in the DeltaNet output product's loads, the router in the router product's last program,
 and (ninth session) the router in the last program of NORM_ROUTER's launch for a row (a
 counter per row): each made a decode step slower.

@@ -228,7 +228,7 @@ if triton is not None:
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages) per kernel; fixed, never autotuned (a tuner choosing
 # by row count would change the reduction order with it). Chosen on the H200 by
-# bench/cuda_moe_sweep.py (docs/cuda.md); gate/up from `--wide` and the whole forward's A/B
+# bench/cuda_moe_sweep.py (docs/cuda-history.md); gate/up from `--wide` and the whole forward's A/B
 # (bench/cuda_bench.py --sections gate_up: 0.959x of (8, 512, 4, 3) at 1 row, 0.984x at 4).
 SHARED_FIRST = True   # the shared expert's gate/up programs first, not waiting for the router
 CONFIG = {"gate_up": (4, 1024, 8, 1), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),

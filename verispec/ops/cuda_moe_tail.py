@@ -10,7 +10,7 @@ by NVRTC and launched through the driver with programmatic dependent launch, bot
 `cuda-bindings` (`pip install cuda-bindings`, the `cuda` extra); without it, or for a shape it
 does not take (`fits`), the Triton kernels run. Switched by cuda_fusions.MOE_TAIL, off by
 default: in the graphed 40-layer forward it is still 1.02x (one row) to 1.05-1.09x (three, four
-rows) slower than the Triton launches (device call 79, docs/cuda.md).
+rows) slower than the Triton launches (device call 79, docs/cuda-history.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ down weights by 8 KiB bulk copies, the shared expert's gate/up units and every d
 before the previous kernel is done.
 
 Opt-in (cuda_fusions.STREAM_MOE, `VERISPEC_FUSIONS_ON=STREAM_MOE`): exact, but 2.9-5.3% slower than
-the Triton kernels in the graphed 40-layer forward (device calls 95, 96 and 98; docs/cuda.md, fifteenth
+the Triton kernels in the graphed 40-layer forward (device calls 95, 96 and 98; docs/cuda-history.md, fifteenth
 session): a routed expert's weights can be asked for only once the router's ids are read, so the
 early requests that made the dense stream products pay cover only the shared expert here.
 cuda_moe.experts_add_norm hands the pairs to these two kernels when it is on and `fits` holds
