@@ -24,10 +24,14 @@ timed with CUDA events, medians of --rounds:
   *_rel         barriers_only, fused_ahead, fused_costed with the grid barrier's arrival a release
                 reduction instead of a fence and an atomic add (cuda_step_probe.cu, grid_sync_mode 1)
   *_spread      the same with the arrivals spread over 8 counters (grid_sync_mode 2)
+  verifyN_*     with --verify: a verify of N rows reading the given distinct experts a layer, as
+                fused_ahead and fused_costed (the state written to a copy slot a row, the recurrence
+                stepping its rows in turn), against the bandwidth time of the bytes it must read
 Each as a fraction of the limit the issue sets (the active bytes at the copy rate that
 bench/cuda_bench.py's bandwidth() measures). Writes JSON to --out.
 
   python3 bench/cuda_step_probe.py --rounds 20 --out $OUT
+  python3 bench/cuda_step_probe.py --rounds 20 --verify 1:8,2:15.8,3:23.3,4:30.5,5:37.6,6:44.2 --out $OUT
 """
 
 from __future__ import annotations
@@ -50,8 +54,9 @@ UNIT = 8192
 WARPS, SPW = 8, 3
 
 
-def phases(cfg: dict) -> list[tuple[str, int, bool]]:
-    """(name, bytes, routed) in the step's order; routed: requested only once the router has run."""
+def phases(cfg: dict, experts: float | None = None) -> list[tuple[str, int, bool]]:
+    """(name, bytes, routed) in the step's order; routed: requested only once the router has run.
+    experts: the distinct routed experts a layer reads (a verify's rows together; default top-k)."""
     h = cfg["hidden_size"]
     kd = cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"]
     vd = cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"]
@@ -59,6 +64,7 @@ def phases(cfg: dict) -> list[tuple[str, int, bool]]:
     nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     e, k, i, si = (cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
                    cfg["shared_expert_intermediate_size"])
+    k = k if experts is None else experts
     out = []
     for kind in cfg["layer_types"]:
         if kind == "linear_attention":
@@ -68,20 +74,24 @@ def phases(cfg: dict) -> list[tuple[str, int, bool]]:
             out += [("qkv", (2 * nh * hd + 2 * nkv * hd) * h * 2, False), ("attend", 0, False),
                     ("merge", 0, False), ("out", h * nh * hd * 2, False)]
         out += [("add_norm_router", (e + 1) * h * 2, False), ("route", 0, False),
-                ("gate_up", (2 * si + k * 2 * i) * h * 2, True), ("down", (si + k * i) * h * 2, True),
+                ("gate_up", round((2 * si + k * 2 * i) * h * 2), True), ("down", round((si + k * i) * h * 2), True),
                 ("combine", 0, False)]
     return out + [("final_norm", 0, False), ("lm_head", cfg["vocab_size"] * h * 2, False)]
 
 
-def costed_phases(cfg: dict, rec_ns: int, attend_ns: int, combine_ns: int) -> list[tuple[str, int, bool, int]]:
+def costed_phases(cfg: dict, rec_ns: int, attend_ns: int, combine_ns: int, rows: int = 1,
+                  experts: float | None = None) -> list[tuple[str, int, bool, int]]:
     """phases() as a megakernel with the byte-less steps folded would run them, with the costs the
-    folds leave (name, bytes, routed, spin ns at the phase's end). The state bytes are fp32 and move
-    twice (read, written); the writes are modelled as reads requested ahead, the reads' own cost."""
+    folds leave (name, bytes, routed, spin ns at the phase's end). The state bytes are fp32: read
+    once and written once a row (a verify's rows each write their copy slot); the writes are
+    modelled as reads requested ahead, the reads' own cost. The recurrence steps its rows in turn
+    (rows x rec_ns); a verify's rows attend and combine side by side."""
     state = cfg["linear_num_value_heads"] * cfg["linear_key_head_dim"] * cfg["linear_value_head_dim"] * 4
     out: list[tuple[str, int, bool, int]] = []
-    for name, nbytes, routed in phases(cfg):
+    for name, nbytes, routed in phases(cfg, experts):
         if name == "in_conv":
-            out += [(name, nbytes, routed, 0), ("recurrence", 2 * state, False, rec_ns), ("gnorm_sync", 0, False, 0)]
+            out += [(name, nbytes, routed, 0), ("recurrence", (1 + rows) * state, False, rows * rec_ns),
+                    ("gnorm_sync", 0, False, 0)]
         elif name == "attend":
             out.append((name, 0, False, attend_ns))
         elif name == "combine":
@@ -118,6 +128,8 @@ def main() -> int:
     ap.add_argument("--rec-ns", type=int, default=1000, help="fused_costed: the recurrence's latency (ns)")
     ap.add_argument("--attend-ns", type=int, default=1000, help="fused_costed: attention's latency (ns)")
     ap.add_argument("--combine-ns", type=int, default=500, help="fused_costed: the combine + norm in every CTA (ns)")
+    ap.add_argument("--verify", default="", help="ROWS:EXPERTS,...: also a verify of ROWS rows reading EXPERTS distinct "
+                    "experts a layer, as fused_ahead and fused_costed (e.g. 2:15.8,3:23.3,4:30.5)")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -129,9 +141,32 @@ def main() -> int:
     need = active_weight_bytes(cfg)
     units = sum(-(-b // UNIT) for _, b, _ in ph)
     assert abs(units * UNIT - need) < 0.01 * need, (units * UNIT, need)
+    try:
+        verify = [(int(r), float(e)) for r, e in (x.split(":") for x in a.verify.split(",") if x)]
+    except ValueError:
+        print(f"cuda_step_probe: --verify wants ROWS:EXPERTS,... (got {a.verify!r})", file=sys.stderr)
+        return 2
     costed = costed_phases(cfg, a.rec_ns, a.attend_ns, a.combine_ns)
-    cost_units = sum(-(-q[1] // UNIT) for q in costed)           # more: the DeltaNet state's bytes
-    w = torch.randint(0, 255, (max(units, cost_units) * UNIT,), dtype=torch.uint8, device=dev)   # never zeros
+    fused = [q for q in ph if q[1] > 0 or q[0] == "route"]     # the router's phase marks where routed ones may start
+    # name: (phases, barriers, requests ahead, ns at a byte-less phase, no bytes[, barrier mode])
+    arms = {"stream": (ph, False, True, 0, False), "ahead": (ph, True, True, 0, False),
+            "ahead_small": (ph, True, True, a.small_ns, False), "in_order": (ph, True, False, a.small_ns, False),
+            "barriers_only": (ph, True, True, 0, True), "fused_ahead": (fused, True, True, 0, False),
+            "fused_costed": (costed, True, True, 0, False),
+            "fused_costed_2x": (costed_phases(cfg, 2 * a.rec_ns, 2 * a.attend_ns, 2 * a.combine_ns), True, True, 0, False),
+            "barriers_only_rel": (ph, True, True, 0, True, 1), "fused_ahead_rel": (fused, True, True, 0, False, 1),
+            "fused_costed_rel": (costed, True, True, 0, False, 1),
+            "barriers_only_spread": (ph, True, True, 0, True, 2), "fused_ahead_spread": (fused, True, True, 0, False, 2),
+            "fused_costed_spread": (costed, True, True, 0, False, 2)}
+    verify_bytes = {}
+    for rows, ex in verify:
+        vph = phases(cfg, ex)
+        verify_bytes[rows] = sum(q[1] for q in vph)
+        arms[f"verify{rows}_fused"] = ([q for q in vph if q[1] > 0 or q[0] == "route"], True, True, 0, False)
+        arms[f"verify{rows}_costed"] = (costed_phases(cfg, a.rec_ns, a.attend_ns, a.combine_ns, rows, ex),
+                                        True, True, 0, False)
+    most = max(sum(-(-q[1] // UNIT) for q in arm[0]) for arm in arms.values())
+    w = torch.randint(0, 255, (most * UNIT,), dtype=torch.uint8, device=dev)   # never zeros
     src = (Path(__file__).parent / "cuda_step_probe.cu").read_text()
     smem = WARPS * SPW * UNIT + WARPS * SPW * 8
     fn = cuda_nvrtc.compile_kernel(dev, "cuda_step_probe.cu", "step_probe", {"WARPS": WARPS, "SPW": SPW}, smem, text=src)
@@ -144,17 +179,6 @@ def main() -> int:
     bw = bandwidth()
     limit = need / bw
 
-    fused = [q for q in ph if q[1] > 0 or q[0] == "route"]     # the router's phase marks where routed ones may start
-    # name: (phases, barriers, requests ahead, ns at a byte-less phase, no bytes[, barrier mode])
-    arms = {"stream": (ph, False, True, 0, False), "ahead": (ph, True, True, 0, False),
-            "ahead_small": (ph, True, True, a.small_ns, False), "in_order": (ph, True, False, a.small_ns, False),
-            "barriers_only": (ph, True, True, 0, True), "fused_ahead": (fused, True, True, 0, False),
-            "fused_costed": (costed, True, True, 0, False),
-            "fused_costed_2x": (costed_phases(cfg, 2 * a.rec_ns, 2 * a.attend_ns, 2 * a.combine_ns), True, True, 0, False),
-            "barriers_only_rel": (ph, True, True, 0, True, 1), "fused_ahead_rel": (fused, True, True, 0, False, 1),
-            "fused_costed_rel": (costed, True, True, 0, False, 1),
-            "barriers_only_spread": (ph, True, True, 0, True, 2), "fused_ahead_spread": (fused, True, True, 0, False, 2),
-            "fused_costed_spread": (costed, True, True, 0, False, 2)}
     args_of = {}
     for name, (arm_ph, barriers, ahead, small, empty, *mode) in arms.items():
         off, fr = tables(arm_ph, ahead, empty=empty)
@@ -189,6 +213,14 @@ def main() -> int:
           f"attention {a.attend_ns} ns, combine {a.combine_ns} ns")
     for name, ts in times.items():
         med = statistics.median(ts)
+        if name.startswith("verify"):     # against the bandwidth time of the bytes this verify must read
+            rows = int(name[len("verify"):].split("_")[0])
+            bt = verify_bytes[rows] / bw
+            res["arms"][name] = {"ms": med * 1e3, "spread_ms": [min(ts) * 1e3, max(ts) * 1e3], "rows": rows,
+                                 "bytes": verify_bytes[rows], "over_bytes_time": med / bt, "times": ts}
+            print(f"[probe] {name}: {med * 1e3:.3f} ms [{min(ts) * 1e3:.3f}-{max(ts) * 1e3:.3f}] = "
+                  f"{med / bt:.3f}x the bandwidth time of its {verify_bytes[rows] / 1e9:.2f} GB ({bt * 1e3:.3f} ms)")
+            continue
         res["arms"][name] = {"ms": med * 1e3, "spread_ms": [min(ts) * 1e3, max(ts) * 1e3], "of_limit": limit / med,
                              "times": ts}
         print(f"[probe] {name}: {med * 1e3:.3f} ms [{min(ts) * 1e3:.3f}-{max(ts) * 1e3:.3f}] = "

@@ -60,3 +60,24 @@ def test_spins_of_the_plain_phases():
     ph = probe.phases(preset_config("qwen3.6-35b-a3b-shape", layers=4))
     assert probe.spins(ph, 1000) == [1000 if b == 0 else 0 for _, b, _ in ph]
     assert probe.spins(ph, 0) == [0] * len(ph)
+
+
+def test_a_verify_reads_its_distinct_experts_and_writes_a_slot_a_row():
+    cfg = preset_config("qwen3.6-35b-a3b-shape")
+    assert probe.phases(cfg, experts=cfg["num_experts_per_tok"]) == probe.phases(cfg)
+    h, i, si = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+    n_layers = len(cfg["layer_types"])
+    more = probe.phases(cfg, experts=15.8)
+    # only the routed phases grow: 7.8 more experts a layer, each 3 * I * H bf16 values
+    extra = sum(b for _, b, _ in more) - sum(b for _, b, _ in probe.phases(cfg))
+    assert abs(extra - n_layers * 7.8 * 3 * i * h * 2) <= 2 * n_layers
+    assert [n for n, _, _ in more] == [n for n, _, _ in probe.phases(cfg)]
+    one = probe.costed_phases(cfg, 1000, 700, 500)
+    three = probe.costed_phases(cfg, 1000, 700, 500, rows=3, experts=23.3)
+    state = cfg["linear_num_value_heads"] * cfg["linear_key_head_dim"] * cfg["linear_value_head_dim"] * 4
+    rec1 = [q for q in one if q[0] == "recurrence"]
+    rec3 = [q for q in three if q[0] == "recurrence"]
+    assert all(q[1] == 2 * state and q[3] == 1000 for q in rec1)
+    assert all(q[1] == 4 * state and q[3] == 3000 for q in rec3)     # read once, a slot written a row, rows in turn
+    assert [q[3] for q in three if q[0] != "recurrence"] == [q[3] for q in one if q[0] != "recurrence"]
+    assert si > 0
