@@ -1,0 +1,151 @@
+"""How near the copy rate could a decode step get as a chain of kernels? (issue 9)
+
+bench/cuda_step_probe.py measured a persistent step kernel: its grid barriers (1.2-1.5 us each) cap
+it near 72% of the limit once the small steps are folded at a cost. A chain of kernels has a cheaper
+boundary (the hardware's, 0.40-0.53 us with programmatic dependent launch) but requests weights
+across a boundary only from kernels already resident beside the running one. This probe runs the
+step's phases (cuda_step_probe.phases, in the step's order, the 35B-A3B shape) as one launch each
+(bench/cuda_chain_probe.cu: a phase kernel streams its bytes through bulk copies into per-warp slots
+and computes nothing but a read; a byte-less phase is one CTA spinning --small-ns), chained by PDL in
+a CUDA graph. Arms, interleaved, medians of --rounds:
+  one          the step's bytes as one launch (no chain)
+  nopre        nothing requested before a kernel's wait (a chain without prefetch)
+  late         each kernel requests its first units before its wait (the routed experts' only after
+               it), and lets the next launch after its own wait: one kernel ahead, as the stream products
+  early        the same, the next launched before this kernel's wait: as many kernels ahead as fit
+  early_fused  early over the phases without the byte-less ones (folded at no cost)
+  early_costed early over cuda_step_probe.costed_phases (the folds' remaining costs)
+each at two shared-memory budgets a CTA: 8 warps x 3 slots of 8 KiB (192 KiB, one CTA an SM, as the
+stream products) and 4 x 3 (96 KiB, two an SM, so the next phase's CTAs can sit beside the running
+ones). Fractions of the limit (the active bytes at cuda_bench.bandwidth()'s copy rate). JSON to --out.
+
+  python3 bench/cuda_chain_probe.py --rounds 20 --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from verispec.ops import cuda_nvrtc  # noqa: E402
+from verispec.random_model import active_weight_bytes, preset_config  # noqa: E402
+
+from cuda_step_probe import UNIT, costed_phases, phases, spins  # noqa: E402  (bench/ is on the path)
+
+BUDGETS = {"192k": (8, 3), "96k": (4, 3)}     # (warps, slots a warp) of a phase kernel's CTA
+
+
+def launches(ph, small_ns: int, pre: bool, early: bool):
+    """-> [(unit offset, units, spin ns, request before the wait, early)] a launch per phase, the
+    units laid out in order; routed phases never request before their wait (the router's ids)."""
+    out, u = [], 0
+    for q, ns in zip(ph, spins(ph, small_ns)):
+        n = -(-q[1] // UNIT)
+        out.append((u, n, ns, pre and not q[2], early))
+        u += n
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="qwen3.6-35b-a3b-shape")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--small-ns", type=int, default=1000, help="latency of a phase that moves no bytes (ns)")
+    ap.add_argument("--rec-ns", type=int, default=1000)
+    ap.add_argument("--attend-ns", type=int, default=1000)
+    ap.add_argument("--combine-ns", type=int, default=500)
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("cuda_chain_probe: torch sees no CUDA GPU", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    cfg = preset_config(a.preset)
+    ph = phases(cfg)
+    need = active_weight_bytes(cfg)
+    fused = [q for q in ph if q[1] > 0 or q[0] == "route"]
+    costed = costed_phases(cfg, a.rec_ns, a.attend_ns, a.combine_ns)
+    arm_specs = {"one": [("step", need, False)]}
+    for b in BUDGETS:
+        arm_specs |= {f"nopre_{b}": (ph, False, False), f"late_{b}": (ph, True, False), f"early_{b}": (ph, True, True),
+                      f"early_fused_{b}": (fused, True, True), f"early_costed_{b}": (costed, True, True)}
+    most = max(sum(-(-q[1] // UNIT) for q in costed), sum(-(-q[1] // UNIT) for q in ph))
+    w = torch.randint(0, 255, (most * UNIT,), dtype=torch.uint8, device=dev)   # never zeros
+    sink = torch.zeros(1 << 16, dtype=torch.int32, device=dev)
+    src = (Path(__file__).parent / "cuda_chain_probe.cu").read_text()
+    fns = {}
+    for b, (warps, spw) in BUDGETS.items():
+        smem = warps * spw * UNIT + warps * spw * 8
+        fns[b] = (cuda_nvrtc.compile_kernel(dev, "cuda_chain_probe.cu", "chain_phase", {"WARPS": warps, "SPW": spw},
+                                            smem, text=src), smem, 32 * warps)
+    small = cuda_nvrtc.compile_kernel(dev, "cuda_chain_probe.cu", "chain_small", {"WARPS": 1, "SPW": 1}, 0, text=src)
+    grid = cuda_nvrtc.sm_count(dev)
+
+    from cuda_bench import bandwidth
+    bw = bandwidth()
+    limit = need / bw
+
+    keep = []                                       # the launches' argument objects, alive while graphs are
+
+    def record(spec, budget: str):
+        fn, smem, threads = fns[budget]
+        for u0, n, ns, pre, early in spec:
+            stream = torch.cuda.current_stream().cuda_stream
+            if n == 0:
+                args = [ctypes.c_longlong(ns), ctypes.c_int(int(early))]
+                cuda_nvrtc.launch(small, 0, 32, 1, stream, True, args, "chain_small")
+            else:
+                args = [ctypes.c_void_p(w.data_ptr()), ctypes.c_longlong(u0), ctypes.c_longlong(n), ctypes.c_longlong(ns),
+                        ctypes.c_int(int(pre)), ctypes.c_int(int(early)), ctypes.c_void_p(sink.data_ptr())]
+                cuda_nvrtc.launch(fn, smem, threads, grid, stream, True, args, "chain_phase")
+            keep.append(args)
+
+    graphs = {}
+    for name, spec in arm_specs.items():
+        if name == "one":
+            seq, budget = [(0, -(-need // UNIT), 0, True, False)], "192k"
+        else:
+            arm_ph, pre, early = spec
+            seq, budget = launches(arm_ph, a.small_ns, pre, early), name.rsplit("_", 1)[1]
+        record(seq, budget)                         # once outside the graph: the modules load, errors show
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            record(seq, budget)
+        graphs[name] = (g, len(seq))
+    times = {k: [] for k in graphs}
+    for r in range(-2, a.rounds):
+        for name, (g, _) in graphs.items():
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            g.replay()
+            e1.record()
+            e1.synchronize()
+            if r >= 0:
+                times[name].append(e0.elapsed_time(e1) / 1e3)
+    res = {"copy_Bps": bw, "active_bytes": need, "limit_ms": limit * 1e3, "grid": grid, "small_ns": a.small_ns,
+           "budgets": BUDGETS, "arms": {}}
+    print(f"[chain] copy {bw / 1e12:.2f} TB/s; {need / 1e9:.2f} GB a step -> limit {limit * 1e3:.3f} ms; "
+          f"grid {grid}; byte-less phases {a.small_ns} ns")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        res["arms"][name] = {"ms": med * 1e3, "spread_ms": [min(ts) * 1e3, max(ts) * 1e3], "of_limit": limit / med,
+                             "launches": graphs[name][1], "times": ts}
+        print(f"[chain] {name} ({graphs[name][1]} launches): {med * 1e3:.3f} ms [{min(ts) * 1e3:.3f}-"
+              f"{max(ts) * 1e3:.3f}] = {limit / med * 100:.1f}% of the limit")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cuda_chain_probe.json").write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,36 @@
+"""bench/cuda_chain_probe.py's launch list (runs on the CPU; the probe itself needs a GPU): a launch
+per phase over contiguous units holding the phase's bytes, the routed experts never requested before
+their wait, the byte-less phases (or the costed phases' folds) carrying their latency."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import cuda_chain_probe as chain  # noqa: E402
+import cuda_step_probe as probe  # noqa: E402
+
+from verispec.random_model import preset_config  # noqa: E402
+
+
+def test_a_launch_per_phase_in_order():
+    cfg = preset_config("qwen3.6-35b-a3b-shape", layers=4)
+    ph = probe.phases(cfg)
+    for pre in (False, True):
+        for early in (False, True):
+            seq = chain.launches(ph, 700, pre, early)
+            assert len(seq) == len(ph)
+            u = 0
+            for (u0, n, ns, p, e), (name, nbytes, routed) in zip(seq, ph):
+                assert u0 == u and n == -(-nbytes // probe.UNIT)
+                assert ns == (700 if nbytes == 0 else 0)
+                assert p == (pre and not routed) and e == early
+                u += n
+
+
+def test_costed_phases_keep_their_own_latency():
+    cfg = preset_config("qwen3.6-35b-a3b-shape", layers=4)
+    costed = probe.costed_phases(cfg, 1000, 700, 500)
+    seq = chain.launches(costed, 12345, True, True)
+    assert [s[2] for s in seq] == [q[3] for q in costed]
+    assert sum(s[1] for s in seq) == sum(-(-q[1] // probe.UNIT) for q in costed)
