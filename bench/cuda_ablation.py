@@ -1,0 +1,127 @@
+"""Where the real decode step's time goes, in its own chain (issue 9): the graphed forward of the
+35B-A3B shape with one kind of launch taken out at a time.
+
+bench/cuda_chain_probe.py runs the step's phases as a PDL chain of kernels that only stream bytes;
+this runs the real forward (bench/cuda_bench.py's model and graphed A/B, `graph_arms`) with some
+launches left out of the captured graph: a Triton kernel's launcher replaced by one that launches
+nothing, the router by fixed valid expert ids, the CUDA C++ stream products by skipping their
+launch. The logits are wrong by construction; only the time counts. The time an arm saves is what
+those launches cost where they sit in the chain (their own work, their boundary and what the kernels
+around them could not overlap), which is what folding them away, or making them faster, could win.
+Arms interleaved, medians; 1 row (and 4 with --rows 1,4).
+
+  python3 bench/cuda_ablation.py --rounds 20 --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import cuda_bench as cb  # noqa: E402  (bench/ is on the path)
+from verispec.ops import (cuda_attention, cuda_deltanet, cuda_moe, cuda_norm_router, cuda_norms,  # noqa: E402
+                          cuda_nvrtc)
+
+
+class _NoLaunch:
+    """Stands in for a Triton kernel: kernel[grid](...) launches nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *a, **k: None
+
+
+# what each arm leaves out: (module, Triton kernel name)
+KERNELS = {
+    "recurrence": [(cuda_deltanet, "_delta_steps")],
+    "row_norms": [(cuda_norms, "_row_norm")],                # the gated norm of each DeltaNet layer, the final norm
+    "attention_steps": [(cuda_attention, "_prep"), (cuda_attention, "_attend"), (cuda_attention, "_attend_merge")],
+    "combine": [(cuda_moe, "_combine")],
+    "add_norm_router": [(cuda_norm_router, "_add_norm_router")],   # with its 1 MB of router weights
+    "gate_up": [(cuda_moe, "_gate_up_act")],
+    "down": [(cuda_moe, "_down_pair")],
+}
+SMALL = ("recurrence", "row_norms", "attention_steps", "combine", "router")
+
+
+class Ablation:
+    """Puts the launches an arm leaves out in place of the real ones, and back."""
+
+    def __init__(self):
+        self.kernels = {(m, n): getattr(m, n) for parts in KERNELS.values() for m, n in parts}
+        self.route_shared, self.launch = cuda_moe.route_shared, cuda_nvrtc.launch
+        w = torch.full((16, 9), 0.125, dtype=torch.float32, device="cuda")
+        w[:, 8] = 0.5
+        ids = torch.tensor([[(32 * j + r) % 256 for j in range(8)] + [256] for r in range(16)], dtype=torch.int32,
+                           device="cuda")
+        self.w, self.ids = w, ids
+
+    def set(self, leave_out: tuple[str, ...]) -> None:
+        for (m, n), k in self.kernels.items():
+            setattr(m, n, k)
+        cuda_moe.route_shared, cuda_nvrtc.launch = self.route_shared, self.launch
+        for name in leave_out:
+            if name == "router":
+                cuda_moe.route_shared = self._fixed_route
+            elif name == "stream_products":
+                cuda_nvrtc.launch = self._launch_but_stream
+            else:
+                for m, n in KERNELS[name]:
+                    setattr(m, n, _NoLaunch())
+
+    def _fixed_route(self, x, rows, n_experts, top_k, norm, early=False):
+        if n_experts != 256 or top_k != 8:
+            raise ValueError("the fixed routing is for 256 experts, top 8")
+        return self.w[:rows], self.ids[:rows]
+
+    def _launch_but_stream(self, fn, smem, threads, grid, stream, pdl, args, what):
+        if what != "stream_gemv":
+            self.launch(fn, smem, threads, grid, stream, pdl, args, what)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="qwen3.6-35b-a3b-shape")
+    ap.add_argument("--layers", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rows", default="1")
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("cuda_ablation: torch sees no CUDA GPU", file=sys.stderr)
+        return 2
+    bw = cb.bandwidth()
+    eng, _ = cb.build(a.preset, a.layers, "independent", 1)
+    abl = Ablation()
+    arms = {"full": ()}
+    arms |= {f"no_{k}": (k,) for k in ("recurrence", "row_norms", "attention_steps", "router", "combine",
+                                       "add_norm_router")}
+    arms |= {"no_small": SMALL, "no_small_nor": SMALL + ("add_norm_router",), "no_gate_up": ("gate_up",),
+             "no_down": ("down",), "no_stream_products": ("stream_products",)}
+    try:
+        cb.graph_arms(eng, a.rounds, "ablation", {k: (lambda v=v: abl.set(v)) for k, v in arms.items()},
+                      row_counts=tuple(int(r) for r in a.rows.split(",")))
+    finally:
+        abl.set(())
+    limit = cb.active_weight_bytes(cb._cfg_dict(eng)) / bw
+    res = cb.RESULTS["ablation"]
+    for rows, r in res.items():
+        full = r["ms"]["full"]
+        r["saved_ms"] = {k: full - v for k, v in r["ms"].items()}
+        cb.log(f"[ablation] rows {rows}: full {full:.3f} ms ({limit * 1e3 / full * 100:.1f}% of the {limit * 1e3:.3f} ms "
+               f"limit); saved: " + "; ".join(f"{k} {full - v:.3f} ms" for k, v in r["ms"].items() if k != "full"))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cuda_ablation.json").write_text(json.dumps({"bandwidth_Bps": bw, "limit_ms": limit * 1e3,
+                                                        "arms": {k: list(v) for k, v in arms.items()},
+                                                        "ablation": res}, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
