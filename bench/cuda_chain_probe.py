@@ -17,9 +17,11 @@ a CUDA graph. Arms, interleaved, medians of --rounds:
   early_costed early over cuda_step_probe.costed_phases (the folds' remaining costs)
 each at two shared-memory budgets a CTA: 8 warps x 3 slots of 8 KiB (192 KiB, one CTA an SM, as the
 stream products) and 4 x 3 (96 KiB, two an SM, so the next phase's CTAs can sit beside the running
-ones). Fractions of the limit (the active bytes at cuda_bench.bandwidth()'s copy rate). JSON to --out.
+ones). With --verify, a verify's rows as late, early and early_costed (192 KiB), against the bandwidth
+time of the bytes the verify must read. Fractions of the limit (the active bytes at cuda_bench.bandwidth()'s copy rate). JSON to --out.
 
   python3 bench/cuda_chain_probe.py --rounds 20 --out $OUT
+  python3 bench/cuda_chain_probe.py --rounds 20 --verify 2:15.8,3:23.3,4:30.5,5:37.6,6:44.2 --out $OUT
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ def main() -> int:
     ap.add_argument("--rec-ns", type=int, default=1000)
     ap.add_argument("--attend-ns", type=int, default=1000)
     ap.add_argument("--combine-ns", type=int, default=500)
+    ap.add_argument("--verify", default="", help="ROWS:EXPERTS,...: also a verify of ROWS rows reading EXPERTS "
+                    "distinct experts a layer, as late and early (192 KiB), against its bytes' bandwidth time")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -73,11 +77,23 @@ def main() -> int:
     need = active_weight_bytes(cfg)
     fused = [q for q in ph if q[1] > 0 or q[0] == "route"]
     costed = costed_phases(cfg, a.rec_ns, a.attend_ns, a.combine_ns)
+    try:
+        verify = [(int(r), float(e)) for r, e in (x.split(":") for x in a.verify.split(",") if x)]
+    except ValueError:
+        print(f"cuda_chain_probe: --verify wants ROWS:EXPERTS,... (got {a.verify!r})", file=sys.stderr)
+        return 2
     arm_specs = {"one": [("step", need, False)]}
     for b in BUDGETS:
         arm_specs |= {f"nopre_{b}": (ph, False, False), f"late_{b}": (ph, True, False), f"early_{b}": (ph, True, True),
                       f"early_fused_{b}": (fused, True, True), f"early_costed_{b}": (costed, True, True)}
-    most = max(sum(-(-q[1] // UNIT) for q in costed), sum(-(-q[1] // UNIT) for q in ph))
+    verify_bytes = {}
+    for rows, ex in verify:
+        vph = phases(cfg, ex)
+        verify_bytes[rows] = sum(q[1] for q in vph)
+        arm_specs |= {f"verify{rows}_late_192k": (vph, True, False), f"verify{rows}_early_192k": (vph, True, True),
+                      f"verify{rows}_early_costed_192k": (costed_phases(cfg, a.rec_ns, a.attend_ns, a.combine_ns,
+                                                                        rows, ex), True, True)}
+    most = max(sum(-(-q[1] // UNIT) for q in spec[0]) for name, spec in arm_specs.items() if name != "one")
     w = torch.randint(0, 255, (most * UNIT,), dtype=torch.uint8, device=dev)   # never zeros
     sink = torch.zeros(1 << 16, dtype=torch.int32, device=dev)
     src = (Path(__file__).parent / "cuda_chain_probe.cu").read_text()
@@ -137,6 +153,14 @@ def main() -> int:
           f"grid {grid}; byte-less phases {a.small_ns} ns")
     for name, ts in times.items():
         med = statistics.median(ts)
+        if name.startswith("verify"):     # against the bandwidth time of the bytes this verify must read
+            rows = int(name[len("verify"):].split("_")[0])
+            bt = verify_bytes[rows] / bw
+            res["arms"][name] = {"ms": med * 1e3, "spread_ms": [min(ts) * 1e3, max(ts) * 1e3], "rows": rows,
+                                 "bytes": verify_bytes[rows], "over_bytes_time": med / bt, "times": ts}
+            print(f"[chain] {name}: {med * 1e3:.3f} ms [{min(ts) * 1e3:.3f}-{max(ts) * 1e3:.3f}] = {med / bt:.3f}x "
+                  f"the bandwidth time of its {verify_bytes[rows] / 1e9:.2f} GB ({bt * 1e3:.3f} ms)")
+            continue
         res["arms"][name] = {"ms": med * 1e3, "spread_ms": [min(ts) * 1e3, max(ts) * 1e3], "of_limit": limit / med,
                              "launches": graphs[name][1], "times": ts}
         print(f"[chain] {name} ({graphs[name][1]} launches): {med * 1e3:.3f} ms [{min(ts) * 1e3:.3f}-"
