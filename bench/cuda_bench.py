@@ -624,6 +624,30 @@ def small(eng: Engine, rounds: int) -> None:
                                       "recurrence (16, 4)": arm(steps=(16, 4))})
 
 
+def recurrence(eng: Engine, rounds: int) -> None:
+    """The recurrence's value columns per program and warps (cuda_deltanet.STEPS) in the whole
+    graphed forward. bench/cuda_ablation.py found the recurrence costing ~4.5 us a DeltaNet layer
+    in the chain while the gated norm after it costs nothing, as if the output product's CTAs could
+    not sit beside the recurrence's programs and fetch their weights while it runs; fewer, larger
+    programs leave SMs free for them. (The bits may differ between settings: the reduction's layout
+    changes with the block.)"""
+    from verispec.ops import cuda_deltanet, cuda_launch
+
+    base, links = cuda_deltanet.STEPS, cuda_launch.LINKS
+
+    def arm(steps, link=links):
+        def set_():
+            cuda_deltanet.STEPS, cuda_launch.LINKS = steps, link
+        return set_
+    arms = {f"recurrence {base}": arm(base)}
+    arms |= {f"recurrence {st}": arm(st) for st in ((32, 2), (32, 4), (64, 4), (128, 4), (128, 8)) if st != base}
+    arms[f"recurrence {base}, links {not links}"] = arm(base, not links)
+    try:
+        graph_arms(eng, rounds, "recurrence", arms)
+    finally:
+        cuda_deltanet.STEPS, cuda_launch.LINKS = base, links
+
+
 def undo(eng: Engine, rounds: int) -> None:
     """The undo after a rejected draft under CUDA graphs (State.commit with copy_commit): the
     kept row's copy slot copied into the live state, every layer: two copies per layer, one
@@ -737,6 +761,7 @@ def main() -> int:
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),
              ("small", lambda: small(eng, 4 * a.rounds + 4)),
+             ("recurrence", lambda: recurrence(eng, 4 * a.rounds + 4)),
              ("undo", lambda: undo(eng, 10 * a.rounds)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:
