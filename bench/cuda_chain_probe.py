@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -40,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from verispec.ops import cuda_nvrtc  # noqa: E402
 from verispec.random_model import active_weight_bytes, preset_config  # noqa: E402
 
-from cuda_step_probe import UNIT, costed_phases, phases, spins  # noqa: E402  (bench/ is on the path)
+from cuda_step_probe import UNIT, costed_phases, phases, probe_args, spins, summarise  # noqa: E402  (bench/ is on the path)
 
 BUDGETS = {"192k": (8, 3), "96k": (4, 3)}     # (warps, slots a warp) of a phase kernel's CTA
 
@@ -58,15 +56,7 @@ def launches(ph, small_ns: int, pre: bool, early: bool):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="qwen3.6-35b-a3b-shape")
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--small-ns", type=int, default=1000, help="latency of a phase that moves no bytes (ns)")
-    ap.add_argument("--rec-ns", type=int, default=1000)
-    ap.add_argument("--attend-ns", type=int, default=1000)
-    ap.add_argument("--combine-ns", type=int, default=500)
-    ap.add_argument("--verify", default="", help="ROWS:EXPERTS,...: also a verify of ROWS rows reading EXPERTS "
-                    "distinct experts a layer, as late and early (192 KiB), against its bytes' bandwidth time")
-    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    probe_args(ap, "as late, early and early_costed (192 KiB)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("cuda_chain_probe: torch sees no CUDA GPU", file=sys.stderr)
@@ -77,11 +67,7 @@ def main() -> int:
     need = active_weight_bytes(cfg)
     fused = [q for q in ph if q[1] > 0 or q[0] == "route"]
     costed = costed_phases(cfg, a.rec_ns, a.attend_ns, a.combine_ns)
-    try:
-        verify = [(int(r), float(e)) for r, e in (x.split(":") for x in a.verify.split(",") if x)]
-    except ValueError:
-        print(f"cuda_chain_probe: --verify wants ROWS:EXPERTS,... (got {a.verify!r})", file=sys.stderr)
-        return 2
+    verify = a.verify
     arm_specs = {"one": [("step", need, False)]}
     for b in BUDGETS:
         arm_specs |= {f"nopre_{b}": (ph, False, False), f"late_{b}": (ph, True, False), f"early_{b}": (ph, True, True),
@@ -152,19 +138,9 @@ def main() -> int:
     print(f"[chain] copy {bw / 1e12:.2f} TB/s; {need / 1e9:.2f} GB a step -> limit {limit * 1e3:.3f} ms; "
           f"grid {grid}; byte-less phases {a.small_ns} ns")
     for name, ts in times.items():
-        med = statistics.median(ts)
-        if name.startswith("verify"):     # against the bandwidth time of the bytes this verify must read
-            rows = int(name[len("verify"):].split("_")[0])
-            bt = verify_bytes[rows] / bw
-            res["arms"][name] = {"ms": med * 1e3, "spread_ms": [min(ts) * 1e3, max(ts) * 1e3], "rows": rows,
-                                 "bytes": verify_bytes[rows], "over_bytes_time": med / bt, "times": ts}
-            print(f"[chain] {name}: {med * 1e3:.3f} ms [{min(ts) * 1e3:.3f}-{max(ts) * 1e3:.3f}] = {med / bt:.3f}x "
-                  f"the bandwidth time of its {verify_bytes[rows] / 1e9:.2f} GB ({bt * 1e3:.3f} ms)")
-            continue
-        res["arms"][name] = {"ms": med * 1e3, "spread_ms": [min(ts) * 1e3, max(ts) * 1e3], "of_limit": limit / med,
-                             "launches": graphs[name][1], "times": ts}
-        print(f"[chain] {name} ({graphs[name][1]} launches): {med * 1e3:.3f} ms [{min(ts) * 1e3:.3f}-"
-              f"{max(ts) * 1e3:.3f}] = {limit / med * 100:.1f}% of the limit")
+        res["arms"][name], line = summarise(name, ts, limit, bw, verify_bytes)
+        res["arms"][name]["launches"] = graphs[name][1]
+        print(f"[chain] {line} ({graphs[name][1]} launches)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cuda_chain_probe.json").write_text(json.dumps(res, indent=1) + "\n")

@@ -120,17 +120,46 @@ def tables(ph, ahead: bool, empty: bool = False):
     return off, fr
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def summarise(name: str, ts: list[float], limit: float, bw: float, verify_bytes: dict) -> tuple[dict, str]:
+    """An arm's times as JSON and as a line: a verify arm (verifyN_...) against the bandwidth time
+    of the bytes it must read, any other against the step's limit. Medians, [min-max]."""
+    med = statistics.median(ts)
+    entry = {"ms": med * 1e3, "spread_ms": [min(ts) * 1e3, max(ts) * 1e3], "times": ts}
+    line = f"{name}: {med * 1e3:.3f} ms [{min(ts) * 1e3:.3f}-{max(ts) * 1e3:.3f}] = "
+    if name.startswith("verify"):
+        rows = int(name[len("verify"):].split("_")[0])
+        bt = verify_bytes[rows] / bw
+        entry |= {"rows": rows, "bytes": verify_bytes[rows], "over_bytes_time": med / bt}
+        return entry, line + f"{med / bt:.3f}x the bandwidth time of its {verify_bytes[rows] / 1e9:.2f} GB ({bt * 1e3:.3f} ms)"
+    entry["of_limit"] = limit / med
+    return entry, line + f"{limit / med * 100:.1f}% of the limit"
+
+
+def probe_args(ap: argparse.ArgumentParser, verify_help: str) -> None:
+    """The options both probes take (this one and bench/cuda_chain_probe.py)."""
     ap.add_argument("--preset", default="qwen3.6-35b-a3b-shape")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--small-ns", type=int, default=1000, help="latency of a phase that moves no bytes (ns)")
-    ap.add_argument("--rec-ns", type=int, default=1000, help="fused_costed: the recurrence's latency (ns)")
-    ap.add_argument("--attend-ns", type=int, default=1000, help="fused_costed: attention's latency (ns)")
-    ap.add_argument("--combine-ns", type=int, default=500, help="fused_costed: the combine + norm in every CTA (ns)")
-    ap.add_argument("--verify", default="", help="ROWS:EXPERTS,...: also a verify of ROWS rows reading EXPERTS distinct "
-                    "experts a layer, as fused_ahead and fused_costed (e.g. 2:15.8,3:23.3,4:30.5)")
+    ap.add_argument("--rec-ns", type=int, default=1000, help="costed phases: the recurrence's latency (ns)")
+    ap.add_argument("--attend-ns", type=int, default=1000, help="costed phases: attention's latency (ns)")
+    ap.add_argument("--combine-ns", type=int, default=500, help="costed phases: the combine + norm in every CTA (ns)")
+    ap.add_argument("--verify", default=[], type=verify_list,
+                    help="ROWS:EXPERTS,...: also a verify of ROWS rows reading EXPERTS distinct experts a layer, "
+                    + verify_help + " (e.g. 2:15.8,3:23.3,4:30.5)")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+
+
+def verify_list(text: str) -> list[tuple[int, float]]:
+    """'2:15.8,3:23.3' -> [(2, 15.8), (3, 23.3)]"""
+    try:
+        return [(int(r), float(e)) for r, e in (x.split(":") for x in text.split(",") if x)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want ROWS:EXPERTS,... (got {text!r})") from None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    probe_args(ap, "as fused_ahead and fused_costed")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("cuda_step_probe: torch sees no CUDA GPU", file=sys.stderr)
@@ -141,11 +170,7 @@ def main() -> int:
     need = active_weight_bytes(cfg)
     units = sum(-(-b // UNIT) for _, b, _ in ph)
     assert abs(units * UNIT - need) < 0.01 * need, (units * UNIT, need)
-    try:
-        verify = [(int(r), float(e)) for r, e in (x.split(":") for x in a.verify.split(",") if x)]
-    except ValueError:
-        print(f"cuda_step_probe: --verify wants ROWS:EXPERTS,... (got {a.verify!r})", file=sys.stderr)
-        return 2
+    verify = a.verify
     costed = costed_phases(cfg, a.rec_ns, a.attend_ns, a.combine_ns)
     fused = [q for q in ph if q[1] > 0 or q[0] == "route"]     # the router's phase marks where routed ones may start
     # name: (phases, barriers, requests ahead, ns at a byte-less phase, no bytes[, barrier mode])
@@ -212,20 +237,9 @@ def main() -> int:
           f"fused_costed: {len(costed)} phases, {sum(q[1] for q in costed) / 1e9:.2f} GB, recurrence {a.rec_ns} ns, "
           f"attention {a.attend_ns} ns, combine {a.combine_ns} ns")
     for name, ts in times.items():
-        med = statistics.median(ts)
-        if name.startswith("verify"):     # against the bandwidth time of the bytes this verify must read
-            rows = int(name[len("verify"):].split("_")[0])
-            bt = verify_bytes[rows] / bw
-            res["arms"][name] = {"ms": med * 1e3, "spread_ms": [min(ts) * 1e3, max(ts) * 1e3], "rows": rows,
-                                 "bytes": verify_bytes[rows], "over_bytes_time": med / bt, "times": ts}
-            print(f"[probe] {name}: {med * 1e3:.3f} ms [{min(ts) * 1e3:.3f}-{max(ts) * 1e3:.3f}] = "
-                  f"{med / bt:.3f}x the bandwidth time of its {verify_bytes[rows] / 1e9:.2f} GB ({bt * 1e3:.3f} ms)")
-            continue
-        res["arms"][name] = {"ms": med * 1e3, "spread_ms": [min(ts) * 1e3, max(ts) * 1e3], "of_limit": limit / med,
-                             "times": ts}
-        print(f"[probe] {name}: {med * 1e3:.3f} ms [{min(ts) * 1e3:.3f}-{max(ts) * 1e3:.3f}] = "
-              f"{limit / med * 100:.1f}% of the limit" + (f"; {med / (len(ph) - 1) * 1e6:.2f} us a barrier"
-                                                          if name.startswith("barriers_only") else ""))
+        res["arms"][name], line = summarise(name, ts, limit, bw, verify_bytes)
+        print(f"[probe] {line}" + (f"; {statistics.median(ts) / (len(ph) - 1) * 1e6:.2f} us a barrier"
+                                   if name.startswith("barriers_only") else ""))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cuda_step_probe.json").write_text(json.dumps(res, indent=1) + "\n")
