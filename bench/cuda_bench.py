@@ -648,6 +648,24 @@ def recurrence(eng: Engine, rounds: int) -> None:
         cuda_deltanet.STEPS, cuda_launch.LINKS = base, links
 
 
+def rec(eng: Engine, rounds: int) -> None:
+    """The DeltaNet recurrence by the CUDA C++ kernel written for latency (cuda_fusions.REC,
+    verispec/ops/cuda_recurrence.py) against the Triton kernel, in the whole graphed forward. The
+    bits differ (other sums); each arm's rows are invariant (tests/test_cuda_recurrence.py)."""
+    from verispec.ops import cuda_fusions
+
+    kept = cuda_fusions.REC
+
+    def arm(on):
+        def set_():
+            cuda_fusions.REC = on
+        return set_
+    try:
+        graph_arms(eng, rounds, "rec", {"triton recurrence": arm(False), "cuda recurrence": arm(True)})
+    finally:
+        cuda_fusions.REC = kept
+
+
 def undo(eng: Engine, rounds: int) -> None:
     """The undo after a rejected draft under CUDA graphs (State.commit with copy_commit): the
     kept row's copy slot copied into the live state, every layer: two copies per layer, one
@@ -762,6 +780,7 @@ def main() -> int:
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),
              ("small", lambda: small(eng, 4 * a.rounds + 4)),
              ("recurrence", lambda: recurrence(eng, 4 * a.rounds + 4)),
+             ("rec", lambda: rec(eng, 4 * a.rounds + 4)),
              ("undo", lambda: undo(eng, 10 * a.rounds)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cuda_launch
+from . import cuda_launch, cuda_recurrence
 
 try:
     import triton
@@ -171,6 +171,8 @@ def delta_steps(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tensor, 
     hv = state.shape[0]
     if mixed.stride(1) != 1 or ba.stride(1) != 1:
         raise ValueError("q|k|v and b|a need unit stride")
+    if cuda_recurrence.fits(mixed, ba, a_log_exp, dt_bias, state, hk, dk, dv, out_dtype):
+        return cuda_recurrence.delta_steps(mixed, ba, a_log_exp, dt_bias, state, slot_table, hk, dk, dv, eps)
     out = torch.empty(rows, hv, dv, dtype=out_dtype, device=mixed.device)
     bv, warps = min(STEPS[0], dv), STEPS[1]
     tab = slot_table if slot_table is not None else state

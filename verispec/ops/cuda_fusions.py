@@ -28,8 +28,14 @@ captured, so a CUDA graph keeps what was set at its capture).
                      gate/up launch early (verispec/ops/cuda_stream_moe.py; needs cuda-bindings,
                      else the Triton kernels run): its sums run in another order than theirs
 
+  REC                (off unless asked for, until measured in the whole forward) the DeltaNet
+                     recurrence by a CUDA C++ kernel written for latency, a warp's sums over the
+                     key rows as one butterfly and the state read before the wait
+                     (verispec/ops/cuda_recurrence.py; needs cuda-bindings, else the Triton kernel
+                     runs): its sums run in another order than the Triton kernel's
+
 `VERISPEC_FUSIONS_OFF=all` (or a comma-separated list of names) turns them off at import,
-`VERISPEC_FUSIONS_ON=MOE_TAIL,STREAM_MOE` turns those on;
+`VERISPEC_FUSIONS_ON=MOE_TAIL,STREAM_MOE,REC` turns those on;
 `bench/cuda_bench.py --sections fusions` measures each against the forward without it.
 Three more were built, measured and dropped (docs/cuda-history.md, "Tried and dropped"): the gated
 norm in the DeltaNet output product's loads, the router in the router product's last program,
@@ -45,3 +51,4 @@ NORM_ROUTER = not _off & {"all", "NORM_ROUTER"}
 MOE_TAIL = ("MOE_TAIL" in os.environ.get("VERISPEC_FUSIONS_ON", "").split(",")) and not _off & {"all", "MOE_TAIL"}
 STREAM = not _off & {"all", "STREAM"}
 STREAM_MOE = ("STREAM_MOE" in os.environ.get("VERISPEC_FUSIONS_ON", "").split(",")) and not _off & {"all", "STREAM_MOE"}
+REC = ("REC" in os.environ.get("VERISPEC_FUSIONS_ON", "").split(",")) and not _off & {"all", "REC"}

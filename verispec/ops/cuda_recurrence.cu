@@ -1,0 +1,131 @@
+// The DeltaNet recurrence for R rows in one launch, written for latency (cuda_recurrence.py).
+// A decode step's timeline (bench/cuda_timeline.py) has the Triton kernel ending 6.4-7.0 us after
+// its input is complete, on the step's critical path; here each warp owns CB value columns of one
+// value head over all DK key rows (a lane holds 4 key rows of them, 4 x CB fp32 in registers, from
+// row to row), so every sum over the key rows is one warp's butterfly: no shared memory, no block
+// barrier, and the state is read before griddepcontrol.wait (it is written only by this kernel in
+// an earlier step, or by an undo between steps; nothing in flight touches it).
+//
+// Per row r and value head h (key head h / REP), as cuda_deltanet._delta_steps:
+//   q^ = q rsqrt(|q|^2 + eps) scale,  k^ = k rsqrt(|k|^2 + eps),  beta = bf16(sigmoid(b)),
+//   decay = exp(-A * softplus(a + dt_bias)),  S <- decay S,  delta = beta (v - S^T k^),
+//   S <- S + k^ delta^T,  o = S^T q^  (bf16)
+// computed as kv = decay rk (S^T k), o = decay rq (S^T q) + rk rq (k.q) delta from the state before
+// the row, so the two sums over the key rows are one reduce-scatter. Every row runs the same
+// instructions in the same order whatever R (a runtime loop bound), and a row's values come only
+// from its inputs and the state before it, so rows are invariant (tests/test_cuda_recurrence.py).
+// Compiled by NVRTC with -D HV, REP, DV, WARPS, TRIG.
+
+#include "cuda_device.cuh"
+
+constexpr int DK = 128;                 // key rows: 4 a lane
+constexpr int CB = 16;                  // value columns a warp
+constexpr int HK = HV / REP;
+constexpr int NB = DV / (CB * WARPS);   // CTAs a value head
+constexpr unsigned FULL = 0xffffffffu;
+
+__device__ __forceinline__ void unpack4(uint2 u, float* f) {
+    f[0] = __uint_as_float(u.x << 16);
+    f[1] = __uint_as_float(u.x & 0xffff0000u);
+    f[2] = __uint_as_float(u.y << 16);
+    f[3] = __uint_as_float(u.y & 0xffff0000u);
+}
+
+// one step of a warp's reduce-scatter of 2 S values: a lane keeps the half its bit S picks, adding
+// its partner's copy of that half (the partner keeps the other)
+template <int S>
+__device__ __forceinline__ void halve(float* part, int lane) {
+    const bool up = lane & S;
+#pragma unroll
+    for (int j = 0; j < S; ++j) {
+        const float send = up ? part[j] : part[j + S];
+        const float keep = up ? part[j + S] : part[j];
+        part[j] = keep + __shfl_xor_sync(FULL, send, S);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * WARPS)
+delta_rec(const bf16* mix, int mix_stride, const bf16* ba, int ba_stride, const float* alog, const bf16* dtb,
+          float* state, bf16* out, const long long* tab, int R, int save, int pdl, float scale, float eps)
+{
+    const int h = blockIdx.x / NB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int c0 = ((blockIdx.x % NB) * WARPS + warp) * CB;       // this warp's first value column
+    const int kh = h / REP, i0 = lane * 4;                          // this lane's key rows i0..i0+3
+    const size_t cell = (size_t)h * DK * DV + (size_t)i0 * DV + c0;
+    float S[4][CB];
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int q = 0; q < CB / 4; ++q) {
+            const float4 v = *reinterpret_cast<const float4*>(state + cell + (size_t)a * DV + 4 * q);
+            S[a][4 * q] = v.x; S[a][4 * q + 1] = v.y; S[a][4 * q + 2] = v.z; S[a][4 * q + 3] = v.w;
+        }
+    const float a_log = alog[h], dt_bias = bf2f(dtb[h]);
+    if (pdl) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        if (TRIG) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    }
+    for (int r = 0; r < R; ++r) {
+        const bf16* row = mix + (size_t)r * mix_stride;
+        float q[4], k[4];
+        unpack4(*reinterpret_cast<const uint2*>(row + kh * DK + i0), q);
+        unpack4(*reinterpret_cast<const uint2*>(row + HK * DK + kh * DK + i0), k);
+        const float v = bf2f(row[2 * HK * DK + h * DV + c0 + (lane & (CB - 1))]);   // lanes j and CB + j: column j
+        const bf16* brow = ba + (size_t)r * ba_stride;
+        const float b = bf2f(brow[h]), a = bf2f(brow[HV + h]) + dt_bias;
+
+        float qq = q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3];
+        float kk = k[0] * k[0] + k[1] * k[1] + k[2] * k[2] + k[3] * k[3];
+        float kq = k[0] * q[0] + k[1] * q[1] + k[2] * q[2] + k[3] * q[3];
+        float part[2 * CB];                     // this lane's share of S^T k (columns) and S^T q
+#pragma unroll
+        for (int c = 0; c < CB; ++c) {
+            part[c] = S[0][c] * k[0] + S[1][c] * k[1] + S[2][c] * k[2] + S[3][c] * k[3];
+            part[CB + c] = S[0][c] * q[0] + S[1][c] * q[1] + S[2][c] * q[2] + S[3][c] * q[3];
+        }
+#pragma unroll
+        for (int s = 16; s >= 1; s >>= 1) {     // every lane ends with the same sums (addition commutes)
+            qq += __shfl_xor_sync(FULL, qq, s);
+            kk += __shfl_xor_sync(FULL, kk, s);
+            kq += __shfl_xor_sync(FULL, kq, s);
+        }
+        // reduce-scatter: lane l ends with the whole sum of part[l]
+        halve<16>(part, lane);
+        halve<8>(part, lane);
+        halve<4>(part, lane);
+        halve<2>(part, lane);
+        halve<1>(part, lane);
+        const float rq = rsqrtf(qq + eps) * scale, rk = rsqrtf(kk + eps);
+        const float beta = round_bf(1.0f / (1.0f + expf(-b)));
+        const float decay = expf(-a_log * (a > 20.0f ? a : logf(1.0f + expf(a))));
+        // lane j < CB: delta of column j; lane CB + j: o of column j (from delta_j)
+        const float delta = beta * (v - decay * (rk * part[0]));
+        const float dj = __shfl_sync(FULL, delta, lane & (CB - 1));
+        if (lane >= CB)
+            out[((size_t)r * HV + h) * DV + c0 + lane - CB] = f2bf(decay * (rq * part[0]) + (rk * rq * kq) * dj);
+        float d[CB];
+#pragma unroll
+        for (int c = 0; c < CB; ++c) d[c] = __shfl_sync(FULL, delta, c);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float ki = k[i] * rk;
+#pragma unroll
+            for (int c = 0; c < CB; ++c) S[i][c] = decay * S[i][c] + ki * d[c];
+        }
+        if (save && r < R - 1) {                // the state after row r to its copy slot
+            float* slot = reinterpret_cast<float*>(tab[r]) + cell;
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int q4 = 0; q4 < CB / 4; ++q4)
+                    *reinterpret_cast<float4*>(slot + (size_t)i * DV + 4 * q4) =
+                        make_float4(S[i][4 * q4], S[i][4 * q4 + 1], S[i][4 * q4 + 2], S[i][4 * q4 + 3]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int q4 = 0; q4 < CB / 4; ++q4)
+            *reinterpret_cast<float4*>(state + cell + (size_t)i * DV + 4 * q4) =
+                make_float4(S[i][4 * q4], S[i][4 * q4 + 1], S[i][4 * q4 + 2], S[i][4 * q4 + 3]);
+}
