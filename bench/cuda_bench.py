@@ -652,18 +652,22 @@ def rec(eng: Engine, rounds: int) -> None:
     """The DeltaNet recurrence by the CUDA C++ kernel written for latency (cuda_fusions.REC,
     verispec/ops/cuda_recurrence.py) against the Triton kernel, in the whole graphed forward. The
     bits differ (other sums); each arm's rows are invariant (tests/test_cuda_recurrence.py)."""
-    from verispec.ops import cuda_fusions
+    from verispec.ops import cuda_fusions, cuda_recurrence as cr
 
-    kept = cuda_fusions.REC
+    kept = cuda_fusions.REC, cr.CB, cr.WARPS, cr.PRE, cr.FAST
 
-    def arm(on):
+    def arm(on, cb=16, warps=2, pre=1, fast=0):
         def set_():
-            cuda_fusions.REC = on
+            cuda_fusions.REC, cr.CB, cr.WARPS, cr.PRE, cr.FAST = on, cb, warps, pre, fast
         return set_
+    arms = {"triton recurrence": arm(False), "cuda (16, 2, pre)": arm(True),
+            "cuda (16, 2, pre, fast)": arm(True, fast=1), "cuda (16, 2, fast)": arm(True, pre=0, fast=1),
+            "cuda (8, 2, pre, fast)": arm(True, 8, 2, 1, 1), "cuda (8, 4, pre, fast)": arm(True, 8, 4, 1, 1),
+            "cuda (8, 1, pre, fast)": arm(True, 8, 1, 1, 1)}
     try:
-        graph_arms(eng, rounds, "rec", {"triton recurrence": arm(False), "cuda recurrence": arm(True)})
+        graph_arms(eng, rounds, "rec", arms)
     finally:
-        cuda_fusions.REC = kept
+        cuda_fusions.REC, cr.CB, cr.WARPS, cr.PRE, cr.FAST = kept
 
 
 def undo(eng: Engine, rounds: int) -> None:

@@ -14,12 +14,12 @@
 // the row, so the two sums over the key rows are one reduce-scatter. Every row runs the same
 // instructions in the same order whatever R (a runtime loop bound), and a row's values come only
 // from its inputs and the state before it, so rows are invariant (tests/test_cuda_recurrence.py).
-// Compiled by NVRTC with -D HV, REP, DV, WARPS, TRIG.
+// Compiled by NVRTC with -D HV, REP, DV, WARPS, TRIG, CB (value columns a warp: 16 or 8), PRE (the state
+// read before the wait) and FAST (the exponentials and the logarithm by the fast intrinsics).
 
 #include "cuda_device.cuh"
 
 constexpr int DK = 128;                 // key rows: 4 a lane
-constexpr int CB = 16;                  // value columns a warp
 constexpr int HK = HV / REP;
 constexpr int NB = DV / (CB * WARPS);   // CTAs a value head
 constexpr unsigned FULL = 0xffffffffu;
@@ -33,6 +33,14 @@ __device__ __forceinline__ void unpack4(uint2 u, float* f) {
 
 // one step of a warp's reduce-scatter of 2 S values: a lane keeps the half its bit S picks, adding
 // its partner's copy of that half (the partner keeps the other)
+#if FAST
+__device__ __forceinline__ float ex(float x) { return __expf(x); }
+__device__ __forceinline__ float lg(float x) { return __logf(x); }
+#else
+__device__ __forceinline__ float ex(float x) { return expf(x); }
+__device__ __forceinline__ float lg(float x) { return logf(x); }
+#endif
+
 template <int S>
 __device__ __forceinline__ void halve(float* part, int lane) {
     const bool up = lane & S;
@@ -53,24 +61,29 @@ delta_rec(const bf16* mix, int mix_stride, const bf16* ba, int ba_stride, const 
     const int kh = h / REP, i0 = lane * 4;                          // this lane's key rows i0..i0+3
     const size_t cell = (size_t)h * DK * DV + (size_t)i0 * DV + c0;
     float S[4][CB];
+    auto load_state = [&]() {
 #pragma unroll
-    for (int a = 0; a < 4; ++a)
+        for (int a = 0; a < 4; ++a)
 #pragma unroll
-        for (int q = 0; q < CB / 4; ++q) {
-            const float4 v = *reinterpret_cast<const float4*>(state + cell + (size_t)a * DV + 4 * q);
-            S[a][4 * q] = v.x; S[a][4 * q + 1] = v.y; S[a][4 * q + 2] = v.z; S[a][4 * q + 3] = v.w;
-        }
+            for (int q = 0; q < CB / 4; ++q) {
+                const float4 v = *reinterpret_cast<const float4*>(state + cell + (size_t)a * DV + 4 * q);
+                S[a][4 * q] = v.x; S[a][4 * q + 1] = v.y; S[a][4 * q + 2] = v.z; S[a][4 * q + 3] = v.w;
+            }
+    };
+    if (PRE) load_state();
     const float a_log = alog[h], dt_bias = bf2f(dtb[h]);
     if (pdl) {
         asm volatile("griddepcontrol.wait;" ::: "memory");
         if (TRIG) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     }
+    if (!PRE) load_state();
+    const int idx = lane & (2 * CB - 1);      // the sum this lane ends with: S^T k of column idx, or S^T q
     for (int r = 0; r < R; ++r) {
         const bf16* row = mix + (size_t)r * mix_stride;
         float q[4], k[4];
         unpack4(*reinterpret_cast<const uint2*>(row + kh * DK + i0), q);
         unpack4(*reinterpret_cast<const uint2*>(row + HK * DK + kh * DK + i0), k);
-        const float v = bf2f(row[2 * HK * DK + h * DV + c0 + (lane & (CB - 1))]);   // lanes j and CB + j: column j
+        const float v = bf2f(row[2 * HK * DK + h * DV + c0 + (lane & (CB - 1))]);   // column idx mod CB
         const bf16* brow = ba + (size_t)r * ba_stride;
         const float b = bf2f(brow[h]), a = bf2f(brow[HV + h]) + dt_bias;
 
@@ -89,20 +102,25 @@ delta_rec(const bf16* mix, int mix_stride, const bf16* ba, int ba_stride, const 
             kk += __shfl_xor_sync(FULL, kk, s);
             kq += __shfl_xor_sync(FULL, kq, s);
         }
-        // reduce-scatter: lane l ends with the whole sum of part[l]
-        halve<16>(part, lane);
+        // reduce-scatter: lane l ends with the whole sum of part[idx] (with 2 CB = 16, lanes l and l + 16 alike)
+        if constexpr (2 * CB == 32) {
+            halve<16>(part, lane);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 16; ++j) part[j] += __shfl_xor_sync(FULL, part[j], 16);
+        }
         halve<8>(part, lane);
         halve<4>(part, lane);
         halve<2>(part, lane);
         halve<1>(part, lane);
         const float rq = rsqrtf(qq + eps) * scale, rk = rsqrtf(kk + eps);
-        const float beta = round_bf(1.0f / (1.0f + expf(-b)));
-        const float decay = expf(-a_log * (a > 20.0f ? a : logf(1.0f + expf(a))));
-        // lane j < CB: delta of column j; lane CB + j: o of column j (from delta_j)
+        const float beta = round_bf(1.0f / (1.0f + ex(-b)));
+        const float decay = ex(-a_log * (a > 20.0f ? a : lg(1.0f + ex(a))));
+        // idx < CB: delta of column idx; idx = CB + j: o of column j (from delta_j)
         const float delta = beta * (v - decay * (rk * part[0]));
         const float dj = __shfl_sync(FULL, delta, lane & (CB - 1));
-        if (lane >= CB)
-            out[((size_t)r * HV + h) * DV + c0 + lane - CB] = f2bf(decay * (rq * part[0]) + (rk * rq * kq) * dj);
+        if (idx >= CB && lane < 2 * CB)
+            out[((size_t)r * HV + h) * DV + c0 + idx - CB] = f2bf(decay * (rq * part[0]) + (rk * rq * kq) * dj);
         float d[CB];
 #pragma unroll
         for (int c = 0; c < CB; ++c) d[c] = __shfl_sync(FULL, delta, c);

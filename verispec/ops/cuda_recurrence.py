@@ -18,8 +18,10 @@ import torch
 
 from . import cuda_fusions, cuda_launch, cuda_nvrtc
 
-CB = 16          # value columns a warp (cuda_recurrence.cu)
+CB = 16          # value columns a warp (cuda_recurrence.cu): 16 or 8
 WARPS = 2        # warps a CTA
+PRE = 1          # the state read before the wait
+FAST = 0         # the exponentials and the logarithm by the fast intrinsics
 DK = 128         # key rows (4 a lane)
 
 _kernels: dict = {}
@@ -27,9 +29,9 @@ _builds: dict = {}
 
 
 def _kernel(device: torch.device, hv: int, rep: int, dv: int):
-    key = (cuda_nvrtc.index(device), hv, rep, dv, WARPS)
+    key = (cuda_nvrtc.index(device), hv, rep, dv, WARPS, CB, PRE, FAST)
     if key not in _kernels:
-        defines = {"HV": hv, "REP": rep, "DV": dv, "WARPS": WARPS, "TRIG": 1}
+        defines = {"HV": hv, "REP": rep, "DV": dv, "WARPS": WARPS, "TRIG": 1, "CB": CB, "PRE": PRE, "FAST": FAST}
         with torch.cuda.device(device):
             _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_recurrence.cu", "delta_rec", defines, 0)
     return _kernels[key]
