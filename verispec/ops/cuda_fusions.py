@@ -28,7 +28,8 @@ captured, so a CUDA graph keeps what was set at its capture).
                      gate/up launch early (verispec/ops/cuda_stream_moe.py; needs cuda-bindings,
                      else the Triton kernels run): its sums run in another order than theirs
 
-  REC                (off unless asked for, until measured in the whole forward) the DeltaNet
+  REC                (off unless asked for: exact, but no faster than the Triton kernel in the
+                     graphed forward, 1.002-1.025x, docs/cuda.md) the DeltaNet
                      recurrence by a CUDA C++ kernel written for latency, a warp's sums over the
                      key rows as one butterfly and the state read before the wait
                      (verispec/ops/cuda_recurrence.py; needs cuda-bindings, else the Triton kernel
