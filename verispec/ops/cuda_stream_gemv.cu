@@ -5,7 +5,7 @@
 // norm, the attention's three, the MoE's combine) during which the DRAM is nearly idle. The
 // weights never change, so a product can ask for them while those run; the Triton product can
 // only ask after its griddepcontrol.wait (a register preload streams at ~2.3 TB/s and a TMA
-// version in Triton needed K split 8-16 ways: docs/cuda.md, eleventh session). Here the copy
+// version in Triton needed K split 8-16 ways: docs/cuda-history.md, eleventh session). Here the copy
 // engine (TMA) fills shared memory: each warp owns SPW slots, and the first SPW units of every
 // warp (up to ~200 KB a SM, ~26 MB over the GPU) are requested before the wait.
 //

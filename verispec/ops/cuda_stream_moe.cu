@@ -4,11 +4,11 @@
 //
 // Why: the Triton expert kernels read their weights at ~3.1-3.2 TB/s (gate/up 37.7 MB in ~11.8 us
 // a layer at one row, down 18.9 MB in ~6.1 us), where the stream products' 2D TMA tiles reach 3.5
-// (docs/cuda.md, thirteenth session). And the copies can start before griddepcontrol.wait where
+// (docs/cuda-history.md, thirteenth session). And the copies can start before griddepcontrol.wait where
 // what they read is known: the shared expert's gate/up units (its weights are fixed), and every
 // down unit (the ids were written by the router, two launches back, which has completed once
 // moe_gate_up has passed its wait and let moe_down launch). Measured: exact, but slower than the
-// Triton kernels (docs/cuda.md, fifteenth session), so off by default.
+// Triton kernels (docs/cuda-history.md, fifteenth session), so off by default.
 //
 // Work: a pair p = r * S + s is row r's slot s (slots 0..S-2 routed, S-1 the shared expert, whose
 // weights are a tensor of their own). Each warp requests its units into its own SPW shared-memory
