@@ -625,12 +625,11 @@ def small(eng: Engine, rounds: int) -> None:
 
 
 def recurrence(eng: Engine, rounds: int) -> None:
-    """The recurrence's value columns per program and warps (cuda_deltanet.STEPS) in the whole
-    graphed forward. bench/cuda_ablation.py found the recurrence costing ~4.5 us a DeltaNet layer
-    in the chain while the gated norm after it costs nothing, as if the output product's CTAs could
-    not sit beside the recurrence's programs and fetch their weights while it runs; fewer, larger
-    programs leave SMs free for them. (The bits may differ between settings: the reduction's layout
-    changes with the block.)"""
+    """The recurrence's value columns per program and warps (cuda_deltanet.STEPS), and LINKS (the
+    recurrence letting its successor launch before its wait), in the whole graphed forward: whether
+    the recurrence's ~4.5 us a DeltaNet layer in the chain (bench/cuda_ablation.py) depends on its
+    launch shape. (Call 116: it does not.) The bits may differ between block settings (the
+    reduction's layout changes with the block)."""
     from verispec.ops import cuda_deltanet, cuda_launch
 
     base, links = cuda_deltanet.STEPS, cuda_launch.LINKS

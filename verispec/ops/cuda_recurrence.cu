@@ -31,8 +31,6 @@ __device__ __forceinline__ void unpack4(uint2 u, float* f) {
     f[3] = __uint_as_float(u.y & 0xffff0000u);
 }
 
-// one step of a warp's reduce-scatter of 2 S values: a lane keeps the half its bit S picks, adding
-// its partner's copy of that half (the partner keeps the other)
 #if FAST
 __device__ __forceinline__ float ex(float x) { return __expf(x); }
 __device__ __forceinline__ float lg(float x) { return __logf(x); }
@@ -41,6 +39,8 @@ __device__ __forceinline__ float ex(float x) { return expf(x); }
 __device__ __forceinline__ float lg(float x) { return logf(x); }
 #endif
 
+// one step of a warp's reduce-scatter of 2 S values: a lane keeps the half its bit S picks, adding
+// its partner's copy of that half (the partner keeps the other)
 template <int S>
 __device__ __forceinline__ void halve(float* part, int lane) {
     const bool up = lane & S;
