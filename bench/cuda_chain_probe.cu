@@ -9,6 +9,7 @@
 // Compiled by NVRTC with -D WARPS and SPW.
 
 #include "cuda_device.cuh"
+// (bench/cuda_probe.cuh comes in front: cuda_step_probe.probe_source)
 
 constexpr int THREADS = 32 * WARPS;
 constexpr int UNIT = 8192;
@@ -53,21 +54,12 @@ chain_phase(const unsigned char* w, long long u0, long long n, long long ns, int
         if (cu >= n) break;
         const int sl = consumed % SPW;
         mbar_wait(&mfull[sl], (consumed / SPW) & 1);
-        const uint4* s4 = reinterpret_cast<const uint4*>(mine + sl * UNIT);
-#pragma unroll
-        for (int j = 0; j < UNIT / 16 / 32; ++j) {
-            const uint4 v = s4[j * 32 + lane];
-            acc ^= v.x ^ v.y ^ v.z ^ v.w;
-        }
+        acc ^= xor_unit<UNIT>(mine + sl * UNIT, lane);
         __syncwarp();                           // the slot read: it may be refilled
         ++consumed;
         cu += NW;
     }
-    if (ns > 0 && c == 0 && tid == 0) {         // a fold's added latency (cuda_step_probe's costed phases)
-        long long t0, t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-        do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
-    }
+    if (ns > 0 && c == 0 && tid == 0) spin_ns(ns);   // a fold's added latency (cuda_step_probe's costed phases)
     if (lane == 0 && acc == 0x9e3779b9u) sink[c * WARPS + warp] = acc;   // keeps the reads; almost never stores
 }
 
@@ -77,9 +69,5 @@ extern "C" __global__ void chain_small(long long ns, int early)
     if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
     if (!early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    if (threadIdx.x == 0 && ns > 0) {
-        long long t0, t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-        do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
-    }
+    if (threadIdx.x == 0 && ns > 0) spin_ns(ns);
 }

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from verispec.ops import cuda_nvrtc  # noqa: E402
 from verispec.random_model import active_weight_bytes, preset_config  # noqa: E402
 
-from cuda_step_probe import UNIT, costed_phases, phases, probe_args, spins, summarise  # noqa: E402  (bench/ is on the path)
+from cuda_step_probe import UNIT, costed_phases, phases, probe_args, probe_source, spins, summarise  # noqa: E402  (bench/ is on the path)
 
 BUDGETS = {"192k": (8, 3), "96k": (4, 3)}     # (warps, slots a warp) of a phase kernel's CTA
 
@@ -82,7 +82,7 @@ def main() -> int:
     most = max(sum(-(-q[1] // UNIT) for q in spec[0]) for name, spec in arm_specs.items() if name != "one")
     w = torch.randint(0, 255, (most * UNIT,), dtype=torch.uint8, device=dev)   # never zeros
     sink = torch.zeros(1 << 16, dtype=torch.int32, device=dev)
-    src = (Path(__file__).parent / "cuda_chain_probe.cu").read_text()
+    src = probe_source("cuda_chain_probe.cu")
     fns = {}
     for b, (warps, spw) in BUDGETS.items():
         smem = warps * spw * UNIT + warps * spw * 8

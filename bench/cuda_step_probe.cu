@@ -16,6 +16,7 @@
 // Compiled by NVRTC with -D WARPS and SPW.
 
 #include "cuda_device.cuh"
+// (bench/cuda_probe.cuh comes in front: cuda_step_probe.probe_source)
 
 constexpr int THREADS = 32 * WARPS;
 constexpr int UNIT = 8192;
@@ -94,12 +95,7 @@ step_probe(const unsigned char* w, const long long* off, const int* from, int P,
             if (cp != p) break;               // this warp has no more units in phase p
             const int sl = consumed % SPW;
             mbar_wait(&mfull[sl], (consumed / SPW) & 1);
-            const uint4* s4 = reinterpret_cast<const uint4*>(mine + sl * UNIT);
-#pragma unroll
-            for (int j = 0; j < UNIT / 16 / 32; ++j) {
-                const uint4 v = s4[j * 32 + lane];
-                acc ^= v.x ^ v.y ^ v.z ^ v.w;
-            }
+            acc ^= xor_unit<UNIT>(mine + sl * UNIT, lane);
             __syncwarp();                     // the slot read: it may be refilled
             ++consumed;
             cu += NW;
@@ -107,11 +103,7 @@ step_probe(const unsigned char* w, const long long* off, const int* from, int P,
         }
         if (barriers && p + 1 < P) {
             const long long ns = spin[p];
-            if (ns > 0 && c == 0 && tid == 0) {
-                long long t0, t;
-                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-                do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
-            }
+            if (ns > 0 && c == 0 && tid == 0) spin_ns(ns);
             grid_sync_mode(ctr, (unsigned)(p + 1) * G, barrier_mode);
         }
     }

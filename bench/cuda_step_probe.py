@@ -120,6 +120,13 @@ def tables(ph, ahead: bool, empty: bool = False):
     return off, fr
 
 
+def probe_source(name: str) -> str:
+    """A probe kernel's source (bench/NAME) with bench/cuda_probe.cuh in front, the helpers both
+    probes share (NVRTC is given only the package's headers)."""
+    here = Path(__file__).parent
+    return (here / "cuda_probe.cuh").read_text() + "\n" + (here / name).read_text()
+
+
 def summarise(name: str, ts: list[float], limit: float, bw: float, verify_bytes: dict) -> tuple[dict, str]:
     """An arm's times as JSON and as a line: a verify arm (verifyN_...) against the bandwidth time
     of the bytes it must read, any other against the step's limit. Medians, [min-max]."""
@@ -192,7 +199,7 @@ def main() -> int:
                                         True, True, 0, False)
     most = max(sum(-(-q[1] // UNIT) for q in arm[0]) for arm in arms.values())
     w = torch.randint(0, 255, (most * UNIT,), dtype=torch.uint8, device=dev)   # never zeros
-    src = (Path(__file__).parent / "cuda_step_probe.cu").read_text()
+    src = probe_source("cuda_step_probe.cu")
     smem = WARPS * SPW * UNIT + WARPS * SPW * 8
     fn = cuda_nvrtc.compile_kernel(dev, "cuda_step_probe.cu", "step_probe", {"WARPS": WARPS, "SPW": SPW}, smem, text=src)
     grid = cuda_nvrtc.sm_count(dev)
