@@ -34,3 +34,13 @@ def test_costed_phases_keep_their_own_latency():
     seq = chain.launches(costed, 12345, True, True)
     assert [s[2] for s in seq] == [q[3] for q in costed]
     assert sum(s[1] for s in seq) == sum(-(-q[1] // probe.UNIT) for q in costed)
+
+
+def test_the_probe_kernels_get_the_shared_helpers_once():
+    """Both probe kernels call the helpers of bench/cuda_probe.cuh, which probe_source puts in front
+    (NVRTC is given only the package's headers), and neither defines its own copy."""
+    for name in ("cuda_step_probe.cu", "cuda_chain_probe.cu"):
+        src = probe.probe_source(name)
+        assert src.count("void spin_ns(") == 1 and src.count("unsigned xor_unit(") == 1, name
+        assert "spin_ns(ns)" in src and "xor_unit<UNIT>(" in src, name
+        assert src.count("globaltimer") == 2, name          # spin_ns's two reads of the timer, no other
