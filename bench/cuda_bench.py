@@ -669,6 +669,30 @@ def rec(eng: Engine, rounds: int) -> None:
         cuda_fusions.REC, cr.CB, cr.WARPS, cr.PRE, cr.FAST = kept
 
 
+# name -> (PRE, PACE, EVF) of the stream products (cuda_stream_gemv.py): units a warp requested before
+# the wait (None: all its slots), one at a time, evict-first copies. The arithmetic is the same in
+# every arm: the logits must equal the first arm's.
+FLOOD_ARMS = {"all ahead": (None, 0, 0), "paced": (None, 1, 0), "one ahead": (1, 0, 0), "two ahead": (2, 0, 0),
+              "evict first": (None, 0, 1), "paced, evict first": (None, 1, 1)}
+
+
+def flood(eng: Engine, rounds: int) -> None:
+    """How the stream products request their weights before their wait (bench/cuda_flood_probe.py
+    says why it may matter): all of a warp's slots at once (today), paced, fewer, evict-first."""
+    from verispec.ops import cuda_stream_gemv as sg
+
+    kept = sg.PRE, sg.PACE, sg.EVF
+
+    def arm(setting):
+        def set_():
+            sg.PRE, sg.PACE, sg.EVF = setting
+        return set_
+    try:
+        graph_arms(eng, rounds, "flood", {k: arm(v) for k, v in FLOOD_ARMS.items()})
+    finally:
+        sg.PRE, sg.PACE, sg.EVF = kept
+
+
 def undo(eng: Engine, rounds: int) -> None:
     """The undo after a rejected draft under CUDA graphs (State.commit with copy_commit): the
     kept row's copy slot copied into the live state, every layer: two copies per layer, one
@@ -784,6 +808,7 @@ def main() -> int:
              ("small", lambda: small(eng, 4 * a.rounds + 4)),
              ("recurrence", lambda: recurrence(eng, 4 * a.rounds + 4)),
              ("rec", lambda: rec(eng, 4 * a.rounds + 4)),
+             ("flood", lambda: flood(eng, 4 * a.rounds + 4)),
              ("undo", lambda: undo(eng, 10 * a.rounds)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:

@@ -38,7 +38,11 @@ def main() -> int:
     ap.add_argument("--preset", default="qwen3.6-35b-a3b-shape")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    ap.add_argument("--flood", default="all ahead", choices=list(cb.FLOOD_ARMS),
+                    help="how the stream products request their weights (bench/cuda_bench.py FLOOD_ARMS)")
     a = ap.parse_args()
+    from verispec.ops import cuda_stream_gemv as sg
+    sg.PRE, sg.PACE, sg.EVF = cb.FLOOD_ARMS[a.flood]
     if not torch.cuda.is_available():
         print("cuda_timeline: torch sees no CUDA GPU", file=sys.stderr)
         return 2
@@ -67,15 +71,19 @@ def main() -> int:
         rows.append({"kernel": short(e["name"]), "name": e["name"][:120], "start_us": start, "end_us": end,
                      "dur_us": e["dur"], "after_prev_end_us": None if prev_end is None else start - prev_end})
         prev_end = end
+    print(f"[timeline] stream products: {a.flood}")
     print(f"[timeline] {a.layers} layers, one graphed 1-row step: {len(rows)} kernels, "
           f"{rows[-1]['end_us']:.1f} us from the first start to the last end")
-    print(f"{'#':>4} {'kernel':<15} {'start':>9} {'end':>9} {'dur':>8} {'start-prev end':>15}")
+    print(f"{'#':>4} {'kernel':<15} {'start':>9} {'end':>9} {'dur':>8} {'start-prev end':>15} {'end-prev end':>13}")
     for i, r in enumerate(rows):
         gap = "" if r["after_prev_end_us"] is None else f"{r['after_prev_end_us']:15.2f}"
-        print(f"{i:4d} {r['kernel']:<15} {r['start_us']:9.2f} {r['end_us']:9.2f} {r['dur_us']:8.2f} {gap}")
+        step = "" if i == 0 else f"{r['end_us'] - rows[i - 1]['end_us']:13.2f}"
+        print(f"{i:4d} {r['kernel']:<15} {r['start_us']:9.2f} {r['end_us']:9.2f} {r['dur_us']:8.2f} {gap} {step}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cuda_timeline.json").write_text(json.dumps({"layers": a.layers, "kernels": rows}, indent=1) + "\n")
+    tag = a.flood.replace(" ", "_").replace(",", "")
+    (out / f"cuda_timeline_{tag}.json").write_text(json.dumps({"layers": a.layers, "flood": a.flood, "kernels": rows},
+                                                             indent=1) + "\n")
     return 0
 
 

@@ -40,6 +40,18 @@ __device__ __forceinline__ void tile_copy(void* dst, const void* tmap, int k0, i
                  :: "r"(saddr(dst)), "l"(tmap), "r"(k0), "r"(col0), "r"(saddr(b)) : "memory");
 }
 
+// the same with an L2 eviction policy (a createpolicy value, e.g. evict_first for weights streamed once)
+__device__ __forceinline__ void tile_copy_hint(void* dst, const void* tmap, int k0, int col0, u64* b, u64 policy) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1, {%2, %3}], [%4], %5;"
+                 :: "r"(saddr(dst)), "l"(tmap), "r"(k0), "r"(col0), "r"(saddr(b)), "l"(policy) : "memory");
+}
+__device__ __forceinline__ u64 evict_first_policy() {
+    u64 p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
 // c += a . b: a the 16 x 16 row-slot tile, b a 16 x 8 weight tile, fp32 accumulation
 __device__ __forceinline__ void mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                                     unsigned b1) {

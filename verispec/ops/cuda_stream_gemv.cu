@@ -38,10 +38,25 @@
 // TB/s alone, device call 90); 0 as TC bulk copies of one column's 2*KC bytes (512-byte
 // requests: 2.7-2.8 TB/s, call 86).
 //
+// Before the wait: PRE units a warp (at most SPW; the rest right after the wait), all at once or,
+// with PACE, each after the one before it has landed, so that a warp has one request in the
+// memory system at a time while the kernels before this one run (their loads queue behind ours).
+// EVF: the copies ask L2 to evict the weights first (they are read once a step).
+//
 // Compiled at run time by NVRTC (cuda_stream_gemv.py) with -D for K, CG, WARPS, KC, SPW, CONV,
-// TRIG and TMA2D. bf16 is handled as its bits (cuda_device.cuh).
+// TRIG, TMA2D, PRE, PACE and EVF. bf16 is handled as its bits (cuda_device.cuh).
 
 #include "cuda_device.cuh"
+
+#ifndef PRE
+#define PRE SPW
+#endif
+#ifndef PACE
+#define PACE 0
+#endif
+#ifndef EVF
+#define EVF 0
+#endif
 
 constexpr int THREADS = 32 * WARPS;
 constexpr int TC = 8 * CG;                  // output columns a task
@@ -78,7 +93,11 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
         if (TMA2D) {
             if (lane == 0) {
                 mbar_expect(&mfull[sl], SLOTB);
-                tile_copy(mine + sl * SLOTB, &tmap, warp * KW + u * KC, (c + j * G) * TC, &mfull[sl]);
+                if (EVF)
+                    tile_copy_hint(mine + sl * SLOTB, &tmap, warp * KW + u * KC, (c + j * G) * TC, &mfull[sl],
+                                   evict_first_policy());
+                else
+                    tile_copy(mine + sl * SLOTB, &tmap, warp * KW + u * KC, (c + j * G) * TC, &mfull[sl]);
             }
             __syncwarp();
             return;
@@ -96,7 +115,11 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    for (int i = 0; i < SPW && i < TW; ++i) issue(i);              // weights only: before the wait
+    constexpr int NPRE = PRE < SPW ? PRE : SPW;
+    for (int i = 0; i < NPRE && i < TW; ++i) {                    // weights only: before the wait
+        issue(i);
+        if (PACE && i + 1 < NPRE && i + 1 < TW) mbar_wait(&mfull[i], 0);
+    }
     // CONV: this CTA's first ncv tasks are conv columns; thread t < ncv * TC keeps column t's conv
     // weights (read before the wait: weights) and ring (after it) in registers
     const int ncv = CONV && c * TC < C ? min(nt, (C / TC - 1 - c) / G + 1) : 0;
@@ -111,6 +134,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
         asm volatile("griddepcontrol.wait;" ::: "memory");
         if (TRIG) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     }
+    for (int i = NPRE; i < SPW && i < TW; ++i) issue(i);
 
     if (conv_t) {
         r0 = bf2f(__ldcg(ring + cv_col * 3)); r1 = bf2f(__ldcg(ring + cv_col * 3 + 1));

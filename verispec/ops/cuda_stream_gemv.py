@@ -28,6 +28,11 @@ CONFIG: dict[tuple[int, int], tuple[int, int, int, int]] = {
     (4096, 2048): (2, 8, 256, 2), (2048, 12352): (2, 8, 256, 3), (2048, 9216): (2, 8, 256, 3)}
 TRIG = 1
 TMA2D = 1               # a unit as one 2D TMA tile (1) or a bulk copy per column (0)
+# units a warp requested before the wait (None: all its SPW slots), one at a time (PACE), and an
+# evict-first L2 policy on the copies (EVF): cuda_stream_gemv.cu, bench/cuda_bench.py --sections flood
+PRE: int | None = None
+PACE = 0
+EVF = 0
 
 _kernels: dict = {}
 _builds: dict = {}      # device index -> whether the kernel compiled there
@@ -84,11 +89,12 @@ def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int):
     cg, warps, kc, spw = cfg
-    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks)
+    pre = spw if PRE is None else min(PRE, spw)
+    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, pre, PACE, EVF)
     smem = _smem(*cfg, tasks)
     if key not in _kernels:
         defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG,
-                   "TMA2D": TMA2D}
+                   "TMA2D": TMA2D, "PRE": pre, "PACE": PACE, "EVF": EVF}
         with torch.cuda.device(device):
             _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", defines, smem)
     return _kernels[key], smem, 32 * warps

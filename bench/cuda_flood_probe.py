@@ -1,0 +1,113 @@
+"""What a latency-bound kernel's loads pay while a stream product's weights are being requested
+(issue 9, eighteenth session).
+
+In the graphed decode step (bench/cuda_timeline.py, call 119) the MoE's combine ends 6.9-8.2 us
+after the expert down product although it takes 2.8 us alone (no PDL), and the recurrence 6.4 us
+after the input product against 3.7 us alone; both run while the next stream product, launched
+early, has requested its first units (up to 192 KiB a SM, ~25 MB over the GPU) before its wait.
+If the memory system serves requests roughly in order, a load issued behind ~25 MB of requests
+waits ~25 MB / 4.2 TB/s = 6 us, L2 hit or not.
+
+This probe measures it: one launch, a CTA an SM; warps 0-7 of the flooding CTAs request UNITS
+units of 8 KiB each (all at once, or paced: each after the one before it landed) while one lane
+of CTA 0 walks a chain of dependent loads, in L2 (a small chain read just before) or in DRAM (a
+chain over 256 MB), for modes none / same (the prober's SM floods too) / other (every SM but the
+prober's). Medians over --rounds launches; raw per-launch stamps in the JSON.
+
+  python3 bench/cuda_flood_probe.py --rounds 15 --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from cuda_step_probe import probe_source  # noqa: E402
+
+from verispec.ops import cuda_nvrtc  # noqa: E402
+
+UNIT = 8192
+SMEM = 24 * UNIT + 24 * 8
+MODES = {"none": 0, "same": 1, "other": 2}
+DRAM_NODES, DRAM_STRIDE = 8192, 8192        # 8192 nodes 32 KB apart: 256 MB
+L2_NODES, L2_STRIDE = 64, 32                # 64 nodes 128 B apart: 8 KB
+
+
+def chain(nodes: int, stride: int, seed: int) -> torch.Tensor:
+    """A u32 array whose entry at node i's position holds the next node's position (one cycle)."""
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(nodes, generator=g)
+    a = torch.zeros(nodes * stride, dtype=torch.int32)
+    nxt = torch.roll(order, -1)
+    a[order * stride] = (nxt * stride).to(torch.int32)
+    return a
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("cuda_flood_probe: torch sees no CUDA GPU", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda")
+    fn = cuda_nvrtc.compile_kernel(dev, "cuda_flood_probe.cu", "flood_probe", {}, SMEM,
+                                   text=probe_source("cuda_flood_probe.cu"))
+    grid = cuda_nvrtc.sm_count(dev)
+    region = grid * 24 * UNIT
+    regions = 48                                   # a fresh region each launch: never in L2
+    big = torch.randint(0, 255, (regions * region,), dtype=torch.uint8, device=dev)
+    dram = chain(DRAM_NODES, DRAM_STRIDE, 1).to(dev)
+    l2 = chain(L2_NODES, L2_STRIDE, 2).to(dev)
+    scratch = torch.empty(96 << 20, dtype=torch.uint8, device=dev)
+    out = torch.zeros(8 + grid, dtype=torch.int64, device=dev)
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    arms = [("none", 0, 0)] + [(m, u, p) for m in ("same", "other") for u in (1, 2, 3) for p in (0, 1)]
+    res = {"grid": grid, "unit": UNIT, "steps": a.steps, "arms": {}}
+    k = 0
+    for target, buf in (("l2", l2), ("dram", dram)):
+        rows = {f"{m} units {u}{' paced' if p else ''}": [] for m, u, p in arms}
+        for r in range(-2, a.rounds):
+            for (m, u, p), name in zip(arms, rows):
+                k += 1
+                scratch.fill_(k & 255)                 # L2 holds other lines
+                start = 0
+                if target == "l2":
+                    buf.sum()                          # the chain's lines in L2
+                else:
+                    start = int((k * 2654435761) % DRAM_NODES) * DRAM_STRIDE
+                torch.cuda.synchronize()
+                args = [ctypes.c_void_p(big.data_ptr() + (k % regions) * region), ctypes.c_void_p(buf.data_ptr()),
+                        ctypes.c_uint(start), ctypes.c_int(a.steps), ctypes.c_int(u), ctypes.c_int(p),
+                        ctypes.c_int(MODES[m]), ctypes.c_void_p(out.data_ptr())]
+                cuda_nvrtc.launch(fn, SMEM, 288, grid, stream, False, args, "flood_probe")
+                o = out.tolist()
+                if r >= 0:
+                    rows[name].append({"chase_start_ns": o[0], "per_load_ns": o[1] / a.steps,
+                                       "flood_done_ns": max(o[8:8 + grid]) if m != "none" else 0})
+        for name, v in rows.items():
+            med = statistics.median(x["per_load_ns"] for x in v)
+            fd = statistics.median(x["flood_done_ns"] for x in v)
+            res["arms"][f"{target} {name}"] = {"per_load_ns": med, "flood_done_ns": fd, "raw": v}
+            print(f"[flood] {target:4s} {name:22s}: {med:7.0f} ns a dependent load "
+                  f"[{min(x['per_load_ns'] for x in v):.0f}-{max(x['per_load_ns'] for x in v):.0f}]; "
+                  f"flood done at {fd / 1e3:.2f} us ({grid} CTAs)")
+    p = Path(a.out)
+    p.mkdir(parents=True, exist_ok=True)
+    (p / "cuda_flood_probe.json").write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
