@@ -93,3 +93,34 @@ __device__ __forceinline__ void load_a_rows(const bf16* x, int xs, int R, int k0
         xb[s] = n + 8 < R ? ldcg16(xr + (size_t)8 * xs + s * 32) : make_uint4(0, 0, 0, 0);
     }
 }
+
+// Diagnostic stamps (bench/cuda_stamps.py), compiled in only with -DSTAMPS=1 and a buffer given:
+// per CTA one record of 8 values (a tag, the block, the SM, the global timer at the kernel's start,
+// after its griddepcontrol.wait, at a kernel-chosen point and at its end), appended at buf[8 + 8 i]
+// (buf[0] counts them).
+#ifndef STAMPS
+#define STAMPS 0
+#endif
+__device__ __forceinline__ u64 gtimer() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+// the timer once v is available (the predicate reads v, so the stamp waits for the load behind it)
+__device__ __forceinline__ u64 gtimer_after(float v) {
+    u64 t;
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.eq.f32 p, %1, 0f7F800001;\n\tmov.u64 %0, %%globaltimer;\n}"
+                 : "=l"(t) : "f"(v));
+    return t;
+}
+// after the CTA's last store: thread 0 appends the record (call from every thread)
+__device__ __forceinline__ void stamp_end(u64* buf, u64 tag, u64 t0, u64 t1, u64 t2) {
+    __syncthreads();
+    if (threadIdx.x != 0 || buf == nullptr) return;
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    const u64 t3 = gtimer();
+    const u64 i = atomicAdd(reinterpret_cast<unsigned long long*>(buf), 1ull);
+    u64* r = buf + 8 + 8 * i;
+    r[0] = tag; r[1] = blockIdx.x; r[2] = smid; r[3] = t0; r[4] = t1; r[5] = t2; r[6] = t3; r[7] = 0;
+}

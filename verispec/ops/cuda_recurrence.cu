@@ -54,8 +54,10 @@ __device__ __forceinline__ void halve(float* part, int lane) {
 
 extern "C" __global__ void __launch_bounds__(32 * WARPS)
 delta_rec(const bf16* mix, int mix_stride, const bf16* ba, int ba_stride, const float* alog, const bf16* dtb,
-          float* state, bf16* out, const long long* tab, int R, int save, int pdl, float scale, float eps)
+          float* state, bf16* out, const long long* tab, int R, int save, int pdl, float scale, float eps,
+          u64* stamps)
 {
+    const u64 st0 = STAMPS ? gtimer() : 0;
     const int h = blockIdx.x / NB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c0 = ((blockIdx.x % NB) * WARPS + warp) * CB;       // this warp's first value column
     const int kh = h / REP, i0 = lane * 4;                          // this lane's key rows i0..i0+3
@@ -76,6 +78,8 @@ delta_rec(const bf16* mix, int mix_stride, const bf16* ba, int ba_stride, const 
         asm volatile("griddepcontrol.wait;" ::: "memory");
         if (TRIG) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     }
+    const u64 st1 = STAMPS ? gtimer() : 0;
+    u64 st2 = 0;                              // STAMPS: when the first row's inputs had landed
     if (!PRE) load_state();
     const int idx = lane & (2 * CB - 1);      // the sum this lane ends with: S^T k of column idx, or S^T q
     for (int r = 0; r < R; ++r) {
@@ -88,6 +92,7 @@ delta_rec(const bf16* mix, int mix_stride, const bf16* ba, int ba_stride, const 
         const float b = bf2f(brow[h]), a = bf2f(brow[HV + h]) + dt_bias;
 
         float qq = q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3];
+        if (STAMPS && r == 0) st2 = gtimer_after(qq + k[0] + v + b + a + S[0][0]);
         float kk = k[0] * k[0] + k[1] * k[1] + k[2] * k[2] + k[3] * k[3];
         float kq = k[0] * q[0] + k[1] * q[1] + k[2] * q[2] + k[3] * q[3];
         float part[2 * CB];                     // this lane's share of S^T k (columns) and S^T q
@@ -146,4 +151,5 @@ delta_rec(const bf16* mix, int mix_stride, const bf16* ba, int ba_stride, const 
         for (int q4 = 0; q4 < CB / 4; ++q4)
             *reinterpret_cast<float4*>(state + cell + (size_t)i * DV + 4 * q4) =
                 make_float4(S[i][4 * q4], S[i][4 * q4 + 1], S[i][4 * q4 + 2], S[i][4 * q4 + 3]);
+    if (STAMPS) stamp_end(stamps, 1, st0, st1, st2);
 }

@@ -25,15 +25,18 @@ WARPS = 2        # warps a CTA
 PRE = 1          # the state read before the wait
 FAST = 0         # the exponentials and the logarithm by the fast intrinsics
 DK = 128         # key rows (4 a lane)
+STAMPS: torch.Tensor | None = None   # a u64 buffer: the kernel built with per-CTA stamps (bench/cuda_stamps.py)
 
 _kernels: dict = {}
 _builds: dict = {}
 
 
 def _kernel(device: torch.device, hv: int, rep: int, dv: int):
-    key = (cuda_nvrtc.index(device), hv, rep, dv, WARPS, CB, PRE, FAST)
+    stamps = int(STAMPS is not None)
+    key = (cuda_nvrtc.index(device), hv, rep, dv, WARPS, CB, PRE, FAST, stamps)
     if key not in _kernels:
-        defines = {"HV": hv, "REP": rep, "DV": dv, "WARPS": WARPS, "TRIG": 1, "CB": CB, "PRE": PRE, "FAST": FAST}
+        defines = {"HV": hv, "REP": rep, "DV": dv, "WARPS": WARPS, "TRIG": 1, "CB": CB, "PRE": PRE, "FAST": FAST,
+                   "STAMPS": stamps}
         with torch.cuda.device(device):
             _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_recurrence.cu", "delta_rec", defines, 0)
     return _kernels[key]
@@ -73,7 +76,8 @@ def delta_steps(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tensor, 
             ctypes.c_int(ba.stride(0)), ctypes.c_void_p(a_log_exp.data_ptr()), ctypes.c_void_p(dt_bias.data_ptr()),
             ctypes.c_void_p(state.data_ptr()), ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(tab.data_ptr()),
             ctypes.c_int(rows), ctypes.c_int(int(slot_table is not None)), ctypes.c_int(int(pdl)),
-            ctypes.c_float(dk ** -0.5), ctypes.c_float(eps)]
+            ctypes.c_float(dk ** -0.5), ctypes.c_float(eps),
+            ctypes.c_void_p(STAMPS.data_ptr() if STAMPS is not None else 0)]
     grid = hv * (dv // (CB * WARPS))
     cuda_nvrtc.launch(fn, 0, 32 * WARPS, grid, torch.cuda.current_stream(mixed.device).cuda_stream, pdl, args,
                       "delta_rec")

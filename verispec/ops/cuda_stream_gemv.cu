@@ -73,8 +73,9 @@ static_assert(THREADS >= 16 * TC / 2, "the reduction: two elements a thread at m
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, int xs, const bf16* w, bf16* out,
             int R, int N,
-            bf16* ring, const bf16* __restrict__ cw, const u64* tab, int C, int save, int pdl)
+            bf16* ring, const bf16* __restrict__ cw, const u64* tab, int C, int save, int pdl, u64* stamps)
 {
+    const u64 st0 = STAMPS ? gtimer() : 0;
     extern __shared__ __align__(128) unsigned char smem[];
     u64* full = reinterpret_cast<u64*>(smem + STAGES * SLOTB);     // a slot's bytes have landed
     float* part = reinterpret_cast<float*>(full + STAGES);         // [2][WARPS][16 rows][TC]
@@ -134,6 +135,8 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
         asm volatile("griddepcontrol.wait;" ::: "memory");
         if (TRIG) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     }
+    const u64 st1 = STAMPS ? gtimer() : 0;
+    u64 st2 = 0;                              // STAMPS: when this warp's first unit had landed
     for (int i = NPRE; i < SPW && i < TW; ++i) issue(i);
 
     if (conv_t) {
@@ -154,6 +157,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
         for (int u = 0; u < UPW; ++u) {
             const int i = j * UPW + u, sl = i % SPW;
             mbar_wait(&mfull[sl], (i / SPW) & 1);
+            if (STAMPS && i == 0) st2 = gtimer();
             // column n of group g, elements 8q.. of step st: the B tile's registers (the same
             // element positions as the A tile's: logical k 2q+e <-> 8q+e, 2q+8+e <-> 8q+2+e, and
             // 8q+4.., 8q+6.. for the second product)
@@ -224,4 +228,5 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
             }
         }
     }
+    if (STAMPS) stamp_end(stamps, (u64)N, st0, st1, st2);
 }

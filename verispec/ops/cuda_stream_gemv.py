@@ -33,6 +33,7 @@ TMA2D = 1               # a unit as one 2D TMA tile (1) or a bulk copy per colum
 PRE: int | None = None
 PACE = 0
 EVF = 0
+STAMPS: torch.Tensor | None = None   # a u64 buffer: the kernel built with per-CTA stamps (bench/cuda_stamps.py)
 
 _kernels: dict = {}
 _builds: dict = {}      # device index -> whether the kernel compiled there
@@ -90,11 +91,12 @@ def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
 def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int):
     cg, warps, kc, spw = cfg
     pre = spw if PRE is None else min(PRE, spw)
-    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, pre, PACE, EVF)
+    stamps = int(STAMPS is not None)
+    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, pre, PACE, EVF, stamps)
     smem = _smem(*cfg, tasks)
     if key not in _kernels:
         defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG,
-                   "TMA2D": TMA2D, "PRE": pre, "PACE": PACE, "EVF": EVF}
+                   "TMA2D": TMA2D, "PRE": pre, "PACE": PACE, "EVF": EVF, "STAMPS": stamps}
         with torch.cuda.device(device):
             _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", defines, smem)
     return _kernels[key], smem, 32 * warps
@@ -128,7 +130,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
             ctypes.c_void_p(w.data_ptr()),
             ctypes.c_void_p(y.data_ptr()), ctypes.c_int(rows), ctypes.c_int(n), ctypes.c_void_p(ring.data_ptr()),
             ctypes.c_void_p(cw.data_ptr()), ctypes.c_void_p(tab.data_ptr()), ctypes.c_int(c), ctypes.c_int(save),
-            ctypes.c_int(int(pdl))]
+            ctypes.c_int(int(pdl)), ctypes.c_void_p(STAMPS.data_ptr() if STAMPS is not None else 0)]
     grid = min(n // tc, cuda_nvrtc.sm_count(x.device))
     cuda_nvrtc.launch(fn, smem, threads, grid, torch.cuda.current_stream(x.device).cuda_stream, pdl, args,
                       "stream_gemv")
