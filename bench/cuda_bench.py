@@ -669,6 +669,28 @@ def rec(eng: Engine, rounds: int) -> None:
         cuda_fusions.REC, cr.CB, cr.WARPS, cr.PRE, cr.FAST = kept
 
 
+def links(eng: Engine, rounds: int) -> None:
+    """The recurrence (the CUDA C++ kernel, cuda_fusions.REC, or the Triton one) with and without
+    cuda_launch.LINKS (it and the attention's attend let the next kernel launch before their wait,
+    so the output product after the gated norm launches, and fetches its weights, while the input
+    product is still finishing: bench/cuda_stamps.py, call 124). Arms with the same recurrence must
+    give the same logits (the first two; the last two)."""
+    from verispec.ops import cuda_fusions, cuda_launch
+
+    kept = cuda_fusions.REC, cuda_launch.LINKS
+
+    def arm(rec_on, link):
+        def set_():
+            cuda_fusions.REC, cuda_launch.LINKS = rec_on, link
+        return set_
+    arms = {"cuda recurrence": arm(True, False), "cuda recurrence, links": arm(True, True),
+            "triton recurrence": arm(False, False), "triton recurrence, links": arm(False, True)}
+    try:
+        graph_arms(eng, rounds, "links", arms, row_counts=(1, 3, 4))
+    finally:
+        cuda_fusions.REC, cuda_launch.LINKS = kept
+
+
 # name -> (PRE, PACE, EVF) of the stream products (cuda_stream_gemv.py): units a warp requested before
 # the wait (None: all its slots), one at a time, evict-first copies. The arithmetic is the same in
 # every arm: the logits must equal the first arm's.
@@ -809,6 +831,7 @@ def main() -> int:
              ("recurrence", lambda: recurrence(eng, 4 * a.rounds + 4)),
              ("rec", lambda: rec(eng, 4 * a.rounds + 4)),
              ("flood", lambda: flood(eng, 4 * a.rounds + 4)),
+             ("links", lambda: links(eng, 4 * a.rounds + 4)),
              ("undo", lambda: undo(eng, 10 * a.rounds)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:

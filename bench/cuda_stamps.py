@@ -90,12 +90,15 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--flood", default="all ahead", choices=list(cb.FLOOD_ARMS))
+    ap.add_argument("--links", action="store_true", help="cuda_launch.LINKS on (the recurrence lets the gated norm "
+                    "launch before its wait)")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("cuda_stamps: torch sees no CUDA GPU", file=sys.stderr)
         return 2
-    from verispec.ops import cuda_fusions, cuda_recurrence as cr, cuda_stream_gemv as sg
+    from verispec.ops import cuda_fusions, cuda_launch, cuda_recurrence as cr, cuda_stream_gemv as sg
+    cuda_launch.LINKS = a.links
     sg.PRE, sg.PACE, sg.EVF = cb.FLOOD_ARMS[a.flood]
     buf = torch.zeros(1 << 17, dtype=torch.int64, device="cuda")
     sg.STAMPS = cr.STAMPS = buf
@@ -118,7 +121,7 @@ def main() -> int:
         per_step.append({"launches": ls, "layers": intervals(ls)})
     keys = list(per_step[0]["layers"][0])
     nl = len(per_step[0]["layers"])
-    print(f"[stamps] {a.layers} layers, stream products '{a.flood}', recurrence CUDA C++; medians over {a.steps} "
+    print(f"[stamps] {a.layers} layers, stream products '{a.flood}', recurrence CUDA C++, links {a.links}; medians over {a.steps} "
           f"steps, us; per DeltaNet layer ({nl})")
     table = {}
     for k in keys:
@@ -128,8 +131,9 @@ def main() -> int:
         print(f"  {k:28s} " + " ".join("    -  " if v is None else f"{v:7.2f}" for v in meds))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    tag = a.flood.replace(" ", "_").replace(",", "")
-    (out / f"cuda_stamps_{tag}.json").write_text(json.dumps({"layers": a.layers, "flood": a.flood, "table": table,
+    tag = a.flood.replace(" ", "_").replace(",", "") + ("_links" if a.links else "")
+    (out / f"cuda_stamps_{tag}.json").write_text(json.dumps({"layers": a.layers, "flood": a.flood, "links": a.links,
+                                                             "table": table,
                                                              "steps": per_step}, indent=1) + "\n")
     return 0
 

@@ -43,5 +43,5 @@ ok &= build("cuda_recurrence.cu", dict(HV=32, REP=2, DV=128, WARPS=2, TRIG=1, CB
 ok &= build("cuda_moe_tail.cu", dict(HD=2048, ID=512, TOPK=8, NE=256, SLOT=8192, WARPS=8, SPW=3, EXTRA=2048, PHASES=3))
 ok &= build("cuda_stream_moe.cu", dict(H=2048, I=512, S=9, GW=8, GR=8, GSPW=3, DW=8, DSPW=3, TRIG=1))
 ok &= build("cuda_recurrence.cu", dict(HV=32, REP=2, DV=128, WARPS=2, TRIG=1, CB=16, PRE=1, FAST=0))
-ok &= build("cuda_recurrence.cu", dict(HV=32, REP=2, DV=128, WARPS=4, TRIG=1, CB=8, PRE=0, FAST=1))
+ok &= build("cuda_recurrence.cu", dict(HV=32, REP=2, DV=128, WARPS=4, TRIG=2, CB=8, PRE=0, FAST=1))
 sys.exit(0 if ok else 1)

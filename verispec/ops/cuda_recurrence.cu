@@ -14,6 +14,8 @@
 // the row, so the two sums over the key rows are one reduce-scatter. Every row runs the same
 // instructions in the same order whatever R (a runtime loop bound), and a row's values come only
 // from its inputs and the state before it, so rows are invariant (tests/test_cuda_recurrence.py).
+// TRIG 1 lets the next kernel launch after the wait, 2 before it (cuda_launch.LINKS: the gated norm
+// then launches, and lets the output product launch, while the input product still runs).
 // Compiled by NVRTC with -D HV, REP, DV, WARPS, TRIG, CB (value columns a warp: 16 or 8), PRE (the state
 // read before the wait) and FAST (the exponentials and the logarithm by the fast intrinsics).
 
@@ -75,8 +77,9 @@ delta_rec(const bf16* mix, int mix_stride, const bf16* ba, int ba_stride, const 
     if (PRE) load_state();
     const float a_log = alog[h], dt_bias = bf2f(dtb[h]);
     if (pdl) {
+        if (TRIG == 2) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
         asm volatile("griddepcontrol.wait;" ::: "memory");
-        if (TRIG) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        if (TRIG == 1) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     }
     const u64 st1 = STAMPS ? gtimer() : 0;
     u64 st2 = 0;                              // STAMPS: when the first row's inputs had landed

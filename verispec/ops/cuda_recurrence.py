@@ -31,11 +31,11 @@ _kernels: dict = {}
 _builds: dict = {}
 
 
-def _kernel(device: torch.device, hv: int, rep: int, dv: int):
+def _kernel(device: torch.device, hv: int, rep: int, dv: int, trig: int = 1):
     stamps = int(STAMPS is not None)
-    key = (cuda_nvrtc.index(device), hv, rep, dv, WARPS, CB, PRE, FAST, stamps)
+    key = (cuda_nvrtc.index(device), hv, rep, dv, WARPS, CB, PRE, FAST, stamps, trig)
     if key not in _kernels:
-        defines = {"HV": hv, "REP": rep, "DV": dv, "WARPS": WARPS, "TRIG": 1, "CB": CB, "PRE": PRE, "FAST": FAST,
+        defines = {"HV": hv, "REP": rep, "DV": dv, "WARPS": WARPS, "TRIG": trig, "CB": CB, "PRE": PRE, "FAST": FAST,
                    "STAMPS": stamps}
         with torch.cuda.device(device):
             _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_recurrence.cu", "delta_rec", defines, 0)
@@ -68,9 +68,10 @@ def delta_steps(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tensor, 
     """cuda_deltanet.delta_steps for what fits() takes: every row in order in one launch, the state
     in place, the state after row r < rows - 1 to the slot at slot_table[r]. -> [rows, Hv, dv] bf16."""
     rows, hv = mixed.shape[0], state.shape[0]
-    fn = _kernel(mixed.device, hv, hv // hk, dv)
+    fl = cuda_launch.flags(mixed.device, early="link")     # the gated norm after it may let a product launch
+    pdl = fl["PDL"]
+    fn = _kernel(mixed.device, hv, hv // hk, dv, 2 if fl["EARLY"] else 1)
     out = torch.empty(rows, hv, dv, dtype=torch.bfloat16, device=mixed.device)
-    pdl = cuda_launch.flags(mixed.device)["PDL"]
     tab = slot_table if slot_table is not None else state
     args = [ctypes.c_void_p(mixed.data_ptr()), ctypes.c_int(mixed.stride(0)), ctypes.c_void_p(ba.data_ptr()),
             ctypes.c_int(ba.stride(0)), ctypes.c_void_p(a_log_exp.data_ptr()), ctypes.c_void_p(dt_bias.data_ptr()),
