@@ -53,3 +53,91 @@ flood_probe(const unsigned char* big, const unsigned* chase, unsigned start, int
         out[8 + c] = t1 - t0;
     }
 }
+
+// The streaming rate of three ways to read weights, a CTA an SM, 8 warps, each warp streaming
+// `units` units of UNIT bytes (its share of a contiguous region): method 0 a bulk copy a unit (the
+// TMA engine, as the stream products) through `depth` slots (1-3), 1 cp.async of 16 bytes a lane
+// (LDGSTS, the load/store units) through 3 slots, 2 plain 16-byte loads into registers (`depth` a
+// lane in flight: 4, 8 or 16). Every byte is read
+// once from shared memory or registers and folded, so nothing is dropped. The CTA's time from start
+// to end by the global timer is out[blockIdx].
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(saddr(dst)), "l"(src) : "memory");
+}
+
+// a warp's units by plain 16-byte loads, D a lane in flight
+template <int D>
+__device__ __forceinline__ unsigned reg_stream(const unsigned char* mine, int units, int lane) {
+    const uint4* p = reinterpret_cast<const uint4*>(mine);
+    const int n = units * (UNIT / 16);
+    unsigned acc = 0;
+    for (int i = lane; i < n; i += 32 * D) {
+        uint4 v[D];
+#pragma unroll
+        for (int j = 0; j < D; ++j) v[j] = i + j * 32 < n ? __ldcs(p + i + j * 32) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < D; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+    }
+    return acc;
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+stream_rate(const unsigned char* big, int units, int method, int depth, unsigned* sink, long long* out)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    u64* bar = reinterpret_cast<u64*>(smem + 24 * UNIT);
+    const int c = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const unsigned char* mine = big + ((size_t)c * 8 + warp) * (size_t)units * UNIT;
+    unsigned char* slots = smem + warp * 3 * UNIT;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < 24; ++s) mbar_init(&bar[s]);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    const long long t0 = (long long)gtimer();
+    unsigned acc = 0;
+    if (method == 0) {
+        u64* wb = bar + warp * 3;
+        for (int u = 0; u < depth && u < units; ++u) {
+            if (lane == 0) { mbar_expect(&wb[u], UNIT); bulk_copy(slots + u * UNIT, mine + (size_t)u * UNIT, UNIT, &wb[u]); }
+        }
+        for (int u = 0; u < units; ++u) {
+            const int s = u % depth;
+            mbar_wait(&wb[s], (u / depth) & 1);
+            acc ^= xor_unit<UNIT>(slots + s * UNIT, lane);
+            __syncwarp();
+            if (lane == 0 && u + depth < units) {
+                mbar_expect(&wb[s], UNIT);
+                bulk_copy(slots + s * UNIT, mine + (size_t)(u + depth) * UNIT, UNIT, &wb[s]);
+            }
+        }
+    } else if (method == 1) {
+        auto issue = [&](int u) {
+#pragma unroll
+            for (int j = 0; j < UNIT / 16 / 32; ++j)
+                cp16(slots + (u % 3) * UNIT + (j * 32 + lane) * 16, mine + (size_t)u * UNIT + (j * 32 + lane) * 16);
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        };
+        for (int u = 0; u < 3; ++u) {
+            if (u < units) issue(u);
+            else asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+        for (int u = 0; u < units; ++u) {
+            asm volatile("cp.async.wait_group 2;" ::: "memory");
+            __syncwarp();
+            acc ^= xor_unit<UNIT>(slots + (u % 3) * UNIT, lane);
+            __syncwarp();
+            if (u + 3 < units) issue(u + 3);
+            else asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+    } else if (depth == 4) {
+        acc = reg_stream<4>(mine, units, lane);
+    } else if (depth == 16) {
+        acc = reg_stream<16>(mine, units, lane);
+    } else {
+        acc = reg_stream<8>(mine, units, lane);
+    }
+    if (acc == 0x12345678u) sink[c] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) out[c] = (long long)gtimer() - t0;
+}

@@ -103,6 +103,39 @@ def main() -> int:
             print(f"[flood] {target:4s} {name:22s}: {med:7.0f} ns a dependent load "
                   f"[{min(x['per_load_ns'] for x in v):.0f}-{max(x['per_load_ns'] for x in v):.0f}]; "
                   f"flood done at {fd / 1e3:.2f} us ({grid} CTAs)")
+    rate = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fr = cuda_nvrtc.compile_kernel(dev, "cuda_flood_probe.cu", "stream_rate", {}, SMEM,
+                                   text=probe_source("cuda_flood_probe.cu"))
+    sink = torch.zeros(grid, dtype=torch.int32, device=dev)
+    res["stream_rate"] = {}
+    methods = {"bulk copy, 3 slots": (0, 3), "bulk copy, 2 slots": (0, 2), "bulk copy, 1 slot": (0, 1),
+               "cp.async 16 B": (1, 3), "registers, 4 in flight": (2, 4), "registers, 8 in flight": (2, 8),
+               "registers, 16 in flight": (2, 16)}
+    for units in (6, 12, 48):                      # ~52, 104, 415 MB over the GPU
+        nbytes = grid * 8 * units * UNIT
+        big2 = torch.randint(0, 255, (2 * nbytes,), dtype=torch.uint8, device=dev)
+        ts = {m: [] for m in methods}
+        for r in range(-2, a.rounds):
+            for m, (mi, depth) in methods.items():
+                k += 1
+                scratch.fill_(k & 255)
+                base = big2.data_ptr() + (k % 2) * nbytes
+                args = [ctypes.c_void_p(base), ctypes.c_int(units), ctypes.c_int(mi), ctypes.c_int(depth),
+                        ctypes.c_void_p(sink.data_ptr()),
+                        ctypes.c_void_p(out.data_ptr())]
+                rate[0].record()
+                cuda_nvrtc.launch(fr, SMEM, 256, grid, stream, False, args, "stream_rate")
+                rate[1].record()
+                rate[1].synchronize()
+                if r >= 0:
+                    ts[m].append((rate[0].elapsed_time(rate[1]) * 1e3, max(out[:grid].tolist()) / 1e3))
+        for m, v in ts.items():
+            ev = statistics.median(x[0] for x in v)
+            cta = statistics.median(x[1] for x in v)
+            res["stream_rate"][f"{m} {units}"] = {"bytes": nbytes, "event_us": ev, "cta_us": cta, "raw": v}
+            print(f"[rate] {m:24s} {nbytes / 1e6:7.1f} MB: {ev:8.2f} us by events ({nbytes / ev / 1e6:.2f} TB/s), "
+                  f"slowest CTA {cta:8.2f} us ({nbytes / cta / 1e6:.2f} TB/s)")
+        del big2
     p = Path(a.out)
     p.mkdir(parents=True, exist_ok=True)
     (p / "cuda_flood_probe.json").write_text(json.dumps(res, indent=1) + "\n")
