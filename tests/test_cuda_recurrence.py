@@ -121,3 +121,37 @@ def test_model_rows_invariant_with_the_cuda_recurrence(rec_on):
     assert torch.equal(eager, graphed)
     assert not torch.equal(triton_graphed, graphed)          # other sums: the bf16 roundings move
     assert (triton_graphed - graphed).abs().max() < 0.25 * triton_graphed.abs().max()
+
+
+def test_links_and_stamps_keep_the_bits(rec_on):
+    """cuda_launch.LINKS (the kernel lets the next launch before its wait: TRIG 2) and the stamps
+    build (bench/cuda_stamps.py) move no bit: the model's logits equal the default's, graphed; the
+    stamps build's outputs equal the plain kernel's and it writes one record a CTA, times in order."""
+    from verispec.ops import cuda_launch
+    kept = cuda_launch.LINKS
+
+    def links(on):
+        def set_():
+            cuda_launch.LINKS = on
+        return set_
+    try:
+        plain, linked = model_rows_by_arm(3, [(True, links(False)), (True, links(True))])
+    finally:
+        cuda_launch.LINKS = kept
+    assert torch.equal(plain, linked)
+    mixed, ba, alog, dtb, s0 = _case(4)
+    st = s0.clone()
+    want = _steps(mixed[:3], ba[:3], alog, dtb, st, None)
+    buf = torch.zeros(8 + 8 * 1024, dtype=torch.int64, device="cuda")
+    cuda_recurrence.STAMPS = buf
+    try:
+        st2 = s0.clone()
+        got = _steps(mixed[:3], ba[:3], alog, dtb, st2, None)
+        torch.cuda.synchronize()
+    finally:
+        cuda_recurrence.STAMPS = None
+    assert torch.equal(got, want) and torch.equal(st2, st)
+    ctas = HV * DV // (cuda_recurrence.CB * cuda_recurrence.WARPS)
+    assert int(buf[0]) == ctas
+    recs = buf[8:8 + 8 * ctas].view(ctas, 8)
+    assert bool((recs[:, 3] <= recs[:, 4]).all() and (recs[:, 4] <= recs[:, 5]).all() and (recs[:, 5] <= recs[:, 6]).all())

@@ -110,3 +110,35 @@ def test_model_rows_invariant_with_stream_products(stream_on):
     assert torch.equal(got[0], got[1]) and torch.equal(got[1], got[2])
     assert not torch.equal(got[3], got[0])
     assert (got[3] - got[0]).abs().max() < 0.25 * got[3].abs().max()
+
+
+@needs_bindings
+@pytest.mark.parametrize("k,n", [(2048, 12352), (4096, 2048)])
+def test_request_options_and_stamps_keep_the_bits(stream_on, k, n):
+    """The ways of requesting the weights before the wait (PRE units, PACE, EVF: bench/cuda_bench.py
+    --sections flood) and the diagnostic stamps build (bench/cuda_stamps.py) change when bytes arrive,
+    not a value: every variant's product equals the default's bit for bit at 1, 3 and 16 rows; the
+    stamps build writes one record a CTA, its times in order."""
+    torch.manual_seed(k - n)
+    w, x = _rand(n, k) * k ** -0.5, _rand(16, k)
+    sg = cuda_stream_gemv
+    kept = sg.PRE, sg.PACE, sg.EVF, sg.STAMPS
+    want = {m: cuda_gemv.linear_rows(x[:m], w) for m in (1, 3, 16)}
+    try:
+        for pre, pace, evf in [(1, 0, 0), (2, 0, 0), (None, 1, 0), (None, 0, 1), (1, 1, 1)]:
+            sg.PRE, sg.PACE, sg.EVF = pre, pace, evf
+            for m, ref in want.items():
+                assert torch.equal(cuda_gemv.linear_rows(x[:m], w), ref), (pre, pace, evf, m)
+        sg.PRE, sg.PACE, sg.EVF = kept[:3]
+        buf = torch.zeros(8 + 8 * 1024, dtype=torch.int64, device="cuda")
+        sg.STAMPS = buf
+        got = cuda_gemv.linear_rows(x[:3], w)
+        torch.cuda.synchronize()
+        assert torch.equal(got, want[3])
+        grid = min(n // 16, torch.cuda.get_device_properties(0).multi_processor_count)
+        assert int(buf[0]) == grid
+        recs = buf[8:8 + 8 * grid].view(grid, 8)
+        assert set(recs[:, 0].tolist()) == {n} and sorted(recs[:, 1].tolist()) == list(range(grid))
+        assert bool((recs[:, 3] <= recs[:, 4]).all() and (recs[:, 4] <= recs[:, 6]).all() and (recs[:, 5] > 0).all())
+    finally:
+        sg.PRE, sg.PACE, sg.EVF, sg.STAMPS = kept
