@@ -691,24 +691,6 @@ def links(eng: Engine, rounds: int) -> None:
         cuda_fusions.REC, cuda_launch.LINKS = kept
 
 
-def pair_flags(eng: Engine, rounds: int) -> None:
-    """The experts' down programs waiting for their own pair's gate/up programs (cuda_moe.PAIR_FLAGS)
-    against waiting for the whole gate/up launch. The same arithmetic: the logits must be equal."""
-    from verispec.ops import cuda_moe
-
-    kept = cuda_moe.PAIR_FLAGS
-
-    def arm(on):
-        def set_():
-            cuda_moe.PAIR_FLAGS = on
-        return set_
-    try:
-        graph_arms(eng, rounds, "pair_flags", {"whole launch": arm(False), "pair flags": arm(True)},
-                   row_counts=(1, 3, 4))
-    finally:
-        cuda_moe.PAIR_FLAGS = kept
-
-
 # name -> (PRE, PACE, EVF) of the stream products (cuda_stream_gemv.py): units a warp requested before
 # the wait (None: all its slots), one at a time, evict-first copies. The arithmetic is the same in
 # every arm: the logits must equal the first arm's.
@@ -850,7 +832,6 @@ def main() -> int:
              ("rec", lambda: rec(eng, 4 * a.rounds + 4)),
              ("flood", lambda: flood(eng, 4 * a.rounds + 4)),
              ("links", lambda: links(eng, 4 * a.rounds + 4)),
-             ("pair_flags", lambda: pair_flags(eng, 4 * a.rounds + 4)),
              ("undo", lambda: undo(eng, 10 * a.rounds)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:

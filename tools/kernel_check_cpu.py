@@ -86,23 +86,6 @@ def experts() -> None:
                                                    E=e, BLOCK_N=4, BLOCK_K=64, SHARED_FIRST=first, PDL=False)
         outs[first] = act
     check("gate/up: the shared expert first = every program waiting", torch.equal(outs[True], outs[False]))
-    # PAIR_FLAGS: the grids pair-major, each gate/up program counted for its pair, each down program
-    # waiting on its pair's count; the same values, and the counters back at zero afterwards
-    cnt = torch.zeros(2, 64, dtype=torch.int32)
-    act_f = torch.empty(r * k, inter)
-    cuda_moe._gate_up_act[(inter // 4, r * k)](x, w, ids.flatten(), act_f, e * 2 * inter * h, r, inter, h, TOP_K=k,
-                                               E=e, BLOCK_N=4, BLOCK_K=64, SHARED_FIRST=True, PDL=False, cnt_ptr=cnt[0],
-                                               FLAGS=True)
-    check("gate/up, pair flags: the same act, each pair counted once a program",
-          torch.equal(act_f, outs[True]) and bool((cnt[0, :r * k] == inter // 4).all()))
-    wd = torch.randn(e + 1, h, inter) * 0.05
-    y_f, y_p = torch.empty(r * k, h), torch.empty(r * k, h)
-    cuda_moe._down_pair[(h // 8, r * k)](act_f, wd, ids.flatten(), y_f, e * h * inter, H=h, I=inter, E=e, BLOCK_N=8,
-                                         BLOCK_K=64, PDL=False, cnt_ptr=cnt[0], done_ptr=cnt[1], FLAGS=True,
-                                         N_UP=inter // 4)
-    cuda_moe._down_pair[(r * k, h // 8)](act_f, wd, ids.flatten(), y_p, e * h * inter, H=h, I=inter, E=e, BLOCK_N=8,
-                                         BLOCK_K=64, PDL=False)
-    check("down, pair flags: the same y, the counters back at zero", torch.equal(y_f, y_p) and not cnt.any())
     wf = w.reshape(e + 1, 2 * inter, h)
     ref = torch.stack([torch.nn.functional.silu(wf[i][:inter] @ x[p // k]) * (wf[i][inter:] @ x[p // k])
                        for p, i in enumerate(ids.flatten().tolist())])

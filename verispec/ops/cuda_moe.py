@@ -29,33 +29,10 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 if triton is not None:
-    @triton.jit
-    def _pair_done(cnt_ptr, pair):
-        """PAIR_FLAGS: this program's stores are done; count it for its pair (every thread's stores
-        before the CTA barrier, then one release at GPU scope, as a CTA-wide semaphore does)."""
-        tl.debug_barrier()
-        tl.atomic_add(cnt_ptr + pair, 1, sem="release", scope="gpu")
-
-    @triton.jit
-    def _pair_wait(cnt_ptr, done_ptr, pair, N_UP: tl.constexpr, n_down):
-        """PAIR_FLAGS: wait until the pair's N_UP gate/up programs have stored its act (polling with a
-        pause, then one acquire), count this program in, and let the pair's last down program to
-        arrive put both counters back to zero for the next launch."""
-        c = tl.load(cnt_ptr + pair, volatile=True)
-        while c < N_UP:
-            tl.inline_asm_elementwise("nanosleep.u32 100; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
-                                      pack=1)
-            c = tl.load(cnt_ptr + pair, volatile=True)
-        tl.atomic_add(cnt_ptr + pair, 0, sem="acquire", scope="gpu")
-        tl.debug_barrier()
-        if tl.atomic_add(done_ptr + pair, 1, sem="relaxed", scope="gpu") == n_down - 1:
-            tl.atomic_xchg(cnt_ptr + pair, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(done_ptr + pair, 0, sem="relaxed", scope="gpu")
-
     @triton.jit(do_not_specialize=["R"])
     def _gate_up_act(x_ptr, w_ptr, ids_ptr, act_ptr, sh_off, R, I: tl.constexpr, H: tl.constexpr, TOP_K: tl.constexpr,
                      E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SHARED_FIRST: tl.constexpr,
-                     PDL: tl.constexpr, cnt_ptr=None, FLAGS: tl.constexpr = False):
+                     PDL: tl.constexpr):
         """SHARED_FIRST (each row's last slot is the shared expert, id E): the R rows' shared
         pairs first among the pairs; their programs need nothing from the router (the kernel
         before this one: its input x is older, their expert is fixed), so they skip the wait
@@ -65,13 +42,14 @@ if triton is not None:
         SHARED_FIRST (a grid with every shared program dispatched first was 1.01-1.02x slower
         at 3 and 4 rows, device calls 47-50). Every program's arithmetic is the same either way.
         The caller's promise: x was written before the router's launch."""
-        q = tl.program_id(1 if FLAGS else 0)           # FLAGS: a pair's blocks dispatched together
-        nb = tl.program_id(0 if FLAGS else 1)
         if SHARED_FIRST:
+            q = tl.program_id(0)
+            nb = tl.program_id(1)
             routed = q >= R
             pair = tl.where(routed, ((q - R) // (TOP_K - 1)) * TOP_K + (q - R) % (TOP_K - 1), q * TOP_K + TOP_K - 1)
         else:
-            pair = q
+            pair = tl.program_id(0)
+            nb = tl.program_id(1)
             routed = pair >= 0
         if PDL:   # verispec/ops/cuda_launch.py: nothing the previous kernel writes is touched before it is done
             if routed:
@@ -105,30 +83,15 @@ if triton is not None:
             if not routed:
                 gdc_wait()
         tl.store(act_ptr + pair * I + offs_n, act.to(act_ptr.dtype.element_ty), mask=n_ok)
-        if FLAGS:
-            _pair_done(cnt_ptr, pair)
 
     @triton.jit
     def _down_pair(act_ptr, w_ptr, ids_ptr, y_ptr, sh_off, H: tl.constexpr, I: tl.constexpr, E: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, cnt_ptr=None, done_ptr=None,
-                   FLAGS: tl.constexpr = False, N_UP: tl.constexpr = 1):
-        """FLAGS (PAIR_FLAGS): instead of waiting for the whole gate/up launch, a program waits for its
-        own pair's N_UP gate/up programs (their counter), so the pairs done first start their down
-        while gate/up's last programs run. Launched after every gate/up program has begun and the
-        routed ones have passed their wait (they signal after it), so the router is done; act is read
-        past L1 (written by other SMs in this launch's lifetime)."""
-        if FLAGS:
-            pair = tl.program_id(1)
-            nb = tl.program_id(0)
-            if PDL:
-                gdc_launch_dependents()
-            _pair_wait(cnt_ptr, done_ptr, pair, N_UP, tl.num_programs(0))
-        else:
-            if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
-                gdc_wait()
-                gdc_launch_dependents()
-            pair = tl.program_id(0)
-            nb = tl.program_id(1)
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+            gdc_wait()
+            gdc_launch_dependents()
+        pair = tl.program_id(0)
+        nb = tl.program_id(1)
         e = tl.load(ids_ptr + pair).to(tl.int64)
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < H
@@ -137,7 +100,7 @@ if triton is not None:
         for k0 in range(0, I, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_ok = offs_k < I
-            av = tl.load(act_ptr + pair * I + offs_k, mask=k_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+            av = tl.load(act_ptr + pair * I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
             wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
             acc += wv * av[None, :]
         tl.store(y_ptr + pair * H + offs_n, tl.sum(acc, axis=1), mask=n_ok)
@@ -268,10 +231,6 @@ if triton is not None:
 # bench/cuda_moe_sweep.py (docs/cuda-history.md); gate/up from `--wide` and the whole forward's A/B
 # (bench/cuda_bench.py --sections gate_up: 0.959x of (8, 512, 4, 3) at 1 row, 0.984x at 4).
 SHARED_FIRST = True   # the shared expert's gate/up programs first, not waiting for the router
-# a down program waits for its own (row, slot) pair's gate/up programs (a counter a pair), not for the whole
-# gate/up launch, and both grids run a pair's blocks together (bench/cuda_bench.py --sections pair_flags)
-PAIR_FLAGS = False
-MAX_PAIRS = 16 * 16     # launches of more pairs (prefill) wait for the whole gate/up launch
 CONFIG = {"gate_up": (4, 1024, 8, 1), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),
           "combine_norm": 32, "route": 1}   # the last two: warps (bench/cuda_small_sweep.py)
 
@@ -329,18 +288,6 @@ def available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
 
 
-_counters: dict = {}    # device index -> int32 [2, MAX_PAIRS]: the pairs' gate/up and down counters
-
-
-def _pair_counters(device: torch.device) -> torch.Tensor:
-    """PAIR_FLAGS' counters on device, zeroed once and put back to zero by each launch's last down
-    programs (one buffer for every launch: a launch's pairs are done before the next MoE's begin)."""
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _counters:
-        _counters[key] = torch.zeros(2, MAX_PAIRS, dtype=torch.int32, device=device)
-    return _counters[key]
-
-
 def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
     """The gate/up + SwiGLU and down kernels over every (row, slot) pair -> y [R * slots, H] fp32."""
     e, two_i, h = gu_all.shape
@@ -351,19 +298,13 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     bn, bk, nw, ns = CONFIG["gate_up"]
     first = SHARED_FIRST and shared_gu is not None
-    up_blocks = triton.cdiv(inter, bn)
-    fl = PAIR_FLAGS and n <= MAX_PAIRS
-    cnt = _pair_counters(x.device) if fl else None
-    grid = (up_blocks, n) if fl else (n, up_blocks)
-    _gate_up_act[grid](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h, TOP_K=pairs_per_row, E=e,
-                       BLOCK_N=bn, BLOCK_K=bk, SHARED_FIRST=first, num_warps=nw, num_stages=ns,
-                       cnt_ptr=cnt[0] if fl else None, FLAGS=fl, **cuda_launch.flags(x.device))
+    _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h,
+                                              TOP_K=pairs_per_row, E=e, BLOCK_N=bn, BLOCK_K=bk, SHARED_FIRST=first,
+                                              num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
     y = torch.empty(n, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
-    grid = (triton.cdiv(h, bn), n) if fl else (n, triton.cdiv(h, bn))
-    _down_pair[grid](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw,
-                     num_stages=ns, cnt_ptr=cnt[0] if fl else None, done_ptr=cnt[1] if fl else None, FLAGS=fl,
-                     N_UP=up_blocks, **cuda_launch.flags(act.device))
+    _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
+                                        num_warps=nw, num_stages=ns, **cuda_launch.flags(act.device))
     return y
 
 
