@@ -691,27 +691,6 @@ def links(eng: Engine, rounds: int) -> None:
         cuda_fusions.REC, cuda_launch.LINKS = kept
 
 
-def prefetch(eng: Engine, rounds: int) -> None:
-    """The DeltaNet's input product asking L2 for its output product's weights once its own are
-    requested (cuda_stream_gemv.PREFETCH_NEXT: bench/cuda_stamps.py found that window bound by those
-    weights arriving), with the Triton and with the CUDA C++ recurrence. A prefetch moves no value:
-    each pair of arms with the same recurrence must give the same logits."""
-    from verispec.ops import cuda_fusions, cuda_stream_gemv as sg
-
-    kept = sg.PREFETCH_NEXT, cuda_fusions.REC
-
-    def arm(pf, rec_on):
-        def set_():
-            sg.PREFETCH_NEXT, cuda_fusions.REC = pf, rec_on
-        return set_
-    arms = {"default": arm(False, False), "prefetch": arm(True, False), "cuda recurrence": arm(False, True),
-            "cuda recurrence, prefetch": arm(True, True)}
-    try:
-        graph_arms(eng, rounds, "prefetch", arms, row_counts=(1, 3, 4))
-    finally:
-        sg.PREFETCH_NEXT, cuda_fusions.REC = kept
-
-
 # name -> (PRE, PACE, EVF) of the stream products (cuda_stream_gemv.py): units a warp requested before
 # the wait (None: all its slots), one at a time, evict-first copies. The arithmetic is the same in
 # every arm: the logits must equal the first arm's.
@@ -853,7 +832,6 @@ def main() -> int:
              ("rec", lambda: rec(eng, 4 * a.rounds + 4)),
              ("flood", lambda: flood(eng, 4 * a.rounds + 4)),
              ("links", lambda: links(eng, 4 * a.rounds + 4)),
-             ("prefetch", lambda: prefetch(eng, 4 * a.rounds + 4)),
              ("undo", lambda: undo(eng, 10 * a.rounds)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:

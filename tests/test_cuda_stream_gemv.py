@@ -142,29 +142,3 @@ def test_request_options_and_stamps_keep_the_bits(stream_on, k, n):
         assert bool((recs[:, 3] <= recs[:, 4]).all() and (recs[:, 4] <= recs[:, 6]).all() and (recs[:, 5] > 0).all())
     finally:
         sg.PRE, sg.PACE, sg.EVF, sg.STAMPS = kept
-
-
-@needs_bindings
-def test_prefetching_the_next_weights_keeps_the_bits(stream_on):
-    """PREFETCH_NEXT: the input product asks L2 for another tensor's bytes (the output product's
-    weights) once its own are requested; the product's values are the same bit for bit, and the
-    model's verify rows equal its decode rows with it, graphed, with the logits of the model without it."""
-    sg = cuda_stream_gemv
-    kept = sg.PREFETCH_NEXT
-    torch.manual_seed(7)
-    w, x, nxt = _rand(12352, 2048) * 2048 ** -0.5, _rand(16, 2048), _rand(2048, 4096)
-    try:
-        sg.PREFETCH_NEXT = False
-        want = {m: cuda_gemv.linear_rows(x[:m], w, prefetch=nxt) for m in (1, 3, 16)}
-        sg.PREFETCH_NEXT = True
-        for m, ref in want.items():
-            assert torch.equal(cuda_gemv.linear_rows(x[:m], w, prefetch=nxt), ref), m
-
-        def setter(on):
-            def set_():
-                sg.PREFETCH_NEXT = on
-            return set_
-        plain, fetched = model_rows_by_arm(6, [(True, setter(False)), (True, setter(True))])
-        assert torch.equal(plain, fetched)
-    finally:
-        sg.PREFETCH_NEXT = kept

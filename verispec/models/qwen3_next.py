@@ -531,7 +531,7 @@ class Model:
         rtab = cuda_slots.table(state, "rec", m.index, rows, rec) if keep else None
         if fused:
             ctab = cuda_slots.table(state, "conv", m.index, rows, ring) if keep else None
-            proj = cuda_gemv.linear_rows(h, m.w_in, conv=cuda_gemv.ConvEpilogue(ring, m.conv, ctab), prefetch=m.out)
+            proj = cuda_gemv.linear_rows(h, m.w_in, conv=cuda_gemv.ConvEpilogue(ring, m.conv, ctab))
             mixed = proj[:, :2 * kd + vd]
         else:
             proj = lin(h, m.w_in)

@@ -186,19 +186,17 @@ def conv_fits(w: torch.Tensor, conv_channels: int, kernel: int) -> bool:
 
 
 def linear_rows(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, partials: bool = False,
-                conv: ConvEpilogue | None = None, out_dtype: torch.dtype | None = None,
-                prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                conv: ConvEpilogue | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [R, K] (R <= 16, unit stride along K) @ w[N, K]^T -> [R, N] in x's dtype. With partials
     (a split-K shape), the unsummed fp32 partials [SPLIT, 16, N] instead, for a consumer that
     sums them in chunk order itself (cuda_moe.route_shared). With conv (conv_fits), the first
     C output columns come out through the causal conv, row after row. out_dtype (an unsplit
     product): y rounded to x's dtype, stored widened (the lm_head's fp32 logits in one launch,
-    the bits of the bf16 product followed by a conversion). prefetch: the next product's weights, asked
-    of L2 by the CUDA C++ product (cuda_stream_gemv.PREFETCH_NEXT); ignored elsewhere."""
+    the bits of the bf16 product followed by a conversion)."""
     if config is None and not partials and out_dtype is None and streams(w):
         if not cuda_stream_gemv.fits(x, w):        # x's row stride or address: the same kernel on a copy
             x = x.clone(memory_format=torch.contiguous_format)
-        return cuda_stream_gemv.linear_rows(x, w, conv, prefetch)
+        return cuda_stream_gemv.linear_rows(x, w, conv)
     rows, k = x.shape
     n = w.shape[0]
     cfg = config or CONFIG.get((k, n), DEFAULT)

@@ -41,9 +41,7 @@
 // Before the wait: PRE units a warp (at most SPW; the rest right after the wait), all at once or,
 // with PACE, each after the one before it has landed, so that a warp has one request in the
 // memory system at a time while the kernels before this one run (their loads queue behind ours).
-// EVF: the copies ask L2 to evict the weights first (they are read once a step). PF: once a warp has
-// requested its last unit, it asks L2 to prefetch its share of pf_bytes at pf (the next product's
-// weights, cuda_stream_gemv.PREFETCH_NEXT), which then arrive while the kernels between run.
+// EVF: the copies ask L2 to evict the weights first (they are read once a step).
 //
 // Compiled at run time by NVRTC (cuda_stream_gemv.py) with -D for K, CG, WARPS, KC, SPW, CONV,
 // TRIG, TMA2D, PRE, PACE and EVF. bf16 is handled as its bits (cuda_device.cuh).
@@ -58,9 +56,6 @@
 #endif
 #ifndef EVF
 #define EVF 0
-#endif
-#ifndef PF
-#define PF 0
 #endif
 
 constexpr int THREADS = 32 * WARPS;
@@ -78,8 +73,7 @@ static_assert(THREADS >= 16 * TC / 2, "the reduction: two elements a thread at m
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, int xs, const bf16* w, bf16* out,
             int R, int N,
-            bf16* ring, const bf16* __restrict__ cw, const u64* tab, int C, int save, int pdl, u64* stamps,
-            const unsigned char* pf, long long pf_bytes)
+            bf16* ring, const bf16* __restrict__ cw, const u64* tab, int C, int save, int pdl, u64* stamps)
 {
     const u64 st0 = STAMPS ? gtimer() : 0;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -117,17 +111,6 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
         }
     };
 
-    // PF: this warp's share of the next product's weights into L2 (lane 0, after its last request)
-    auto prefetch = [&]() {
-        const long long per = ((pf_bytes + (long long)G * WARPS - 1) / ((long long)G * WARPS) + 15) & ~15LL;
-        const long long off = (long long)(c * WARPS + warp) * per;
-        if (off < pf_bytes) {
-            const long long n = (per < pf_bytes - off ? per : pf_bytes - off) & ~15LL;
-            if (n > 0)
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(pf + off), "r"((unsigned)n) : "memory");
-        }
-    };
-
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) mbar_init(&full[s]);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -155,7 +138,6 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
     const u64 st1 = STAMPS ? gtimer() : 0;
     u64 st2 = 0;                              // STAMPS: when this warp's first unit had landed
     for (int i = NPRE; i < SPW && i < TW; ++i) issue(i);
-    if (PF && lane == 0 && TW <= SPW) prefetch();
 
     if (conv_t) {
         r0 = bf2f(__ldcg(ring + cv_col * 3)); r1 = bf2f(__ldcg(ring + cv_col * 3 + 1));
@@ -192,7 +174,6 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
             }
             __syncwarp();                     // the slot read: this warp's next unit may overwrite it
             if (i + SPW < TW) issue(i + SPW);
-            if (PF && lane == 0 && i == TW - 1 - SPW) prefetch();
         }
         // acc[g]: (row n, columns 8g + 2q, +1) and (row n + 8, the same columns)
         float* pb = part + ((j & 1) * WARPS + warp) * (16 * TC);

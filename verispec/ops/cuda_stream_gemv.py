@@ -34,9 +34,6 @@ PRE: int | None = None
 PACE = 0
 EVF = 0
 STAMPS: torch.Tensor | None = None   # a u64 buffer: the kernel built with per-CTA stamps (bench/cuda_stamps.py)
-# the DeltaNet's input product asks L2 for its output product's weights once its own are requested
-# (linear_rows' prefetch; bench/cuda_bench.py --sections prefetch)
-PREFETCH_NEXT = False
 
 _kernels: dict = {}
 _builds: dict = {}      # device index -> whether the kernel compiled there
@@ -91,25 +88,23 @@ def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 and w.is_contiguous() and w.data_ptr() % 16 == 0)
 
 
-def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int, pf: bool = False):
+def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int):
     cg, warps, kc, spw = cfg
     pre = spw if PRE is None else min(PRE, spw)
     stamps = int(STAMPS is not None)
-    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, pre, PACE, EVF, stamps, pf)
+    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, pre, PACE, EVF, stamps)
     smem = _smem(*cfg, tasks)
     if key not in _kernels:
         defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG,
-                   "TMA2D": TMA2D, "PRE": pre, "PACE": PACE, "EVF": EVF, "STAMPS": stamps, "PF": int(pf)}
+                   "TMA2D": TMA2D, "PRE": pre, "PACE": PACE, "EVF": EVF, "STAMPS": stamps}
         with torch.cuda.device(device):
             _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", defines, smem)
     return _kernels[key], smem, 32 * warps
 
 
-def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None, prefetch: torch.Tensor | None = None) -> torch.Tensor:
+def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
     """x [R, K] @ w[N, K]^T -> [R, N] bf16 (fits() true). conv: a cuda_gemv.ConvEpilogue, the
-    causal conv of the first C output columns (C a multiple of the task's columns). prefetch: a
-    contiguous tensor (the next product's weights) asked of L2 once this product's weights are
-    requested, with PREFETCH_NEXT on; it moves no value."""
+    causal conv of the first C output columns (C a multiple of the task's columns)."""
     if not fits(x, w):
         raise ValueError(f"stream_gemv takes bf16 x [1..{MAX_ROWS}, K] (rows 16-byte aligned) and a configured weight; "
                          f"got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}")
@@ -123,9 +118,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None, prefetch: torch.Ten
     tasks = _tasks(n, cfg[0], cuda_nvrtc.sm_count(x.device)) if conv is not None else 0
     if _smem(*cfg, tasks) > SMEM_MAX:
         raise ValueError(f"the conv epilogue's sums do not fit shared memory beside the ring ({_smem(*cfg, tasks)} bytes)")
-    pf = (PREFETCH_NEXT and prefetch is not None and prefetch.is_contiguous() and prefetch.is_cuda
-          and prefetch.data_ptr() % 16 == 0 and prefetch.numel() * prefetch.element_size() % 16 == 0)
-    fn, smem, threads = _kernel(x.device, k, cfg, conv is not None, tasks, pf)
+    fn, smem, threads = _kernel(x.device, k, cfg, conv is not None, tasks)
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if conv is None:
         ring, cw, tab, c, save = y, y, y, 0, 0
@@ -137,9 +130,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None, prefetch: torch.Ten
             ctypes.c_void_p(w.data_ptr()),
             ctypes.c_void_p(y.data_ptr()), ctypes.c_int(rows), ctypes.c_int(n), ctypes.c_void_p(ring.data_ptr()),
             ctypes.c_void_p(cw.data_ptr()), ctypes.c_void_p(tab.data_ptr()), ctypes.c_int(c), ctypes.c_int(save),
-            ctypes.c_int(int(pdl)), ctypes.c_void_p(STAMPS.data_ptr() if STAMPS is not None else 0),
-            ctypes.c_void_p(prefetch.data_ptr() if pf else 0),
-            ctypes.c_longlong(prefetch.numel() * prefetch.element_size() if pf else 0)]
+            ctypes.c_int(int(pdl)), ctypes.c_void_p(STAMPS.data_ptr() if STAMPS is not None else 0)]
     grid = min(n // tc, cuda_nvrtc.sm_count(x.device))
     cuda_nvrtc.launch(fn, smem, threads, grid, torch.cuda.current_stream(x.device).cuda_stream, pdl, args,
                       "stream_gemv")
