@@ -1,0 +1,25 @@
+"""bench/expert_prediction.py's measurement on the bundled trained model (CPU, a few tokens): the hooks
+see every MoE layer of every decode step, and a router applied to the layer's own input predicts its
+experts far better than chance (a hook recording the wrong tensors would score near chance)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import expert_prediction as ep  # noqa: E402
+
+from verispec.config import default_model_dir  # noqa: E402
+from verispec.models import qwen3_next as q3  # noqa: E402
+
+
+def test_predictors_scored_at_every_moe_layer_and_hooks_removed():
+    kept = q3.Model._linear_attn, q3.Model._full_attn, q3.Model.moe
+    res = ep.measure(str(default_model_dir()), 6)
+    assert (q3.Model._linear_attn, q3.Model._full_attn, q3.Model.moe) == kept
+    layers = 8
+    assert res["samples"]["mixer_input"] == res["samples"]["random"] == len(ep.PROMPTS) * 6 * layers
+    assert res["samples"]["prev_moe"] == len(ep.PROMPTS) * 6 * (layers - 1)
+    share = res["share_of_true_topk"]
+    assert all(0.0 <= v <= 1.0 for v in share.values())
+    assert share["mixer_input"] > share["random"] + 0.25
