@@ -84,53 +84,12 @@ class Ablation:
             self.launch(fn, smem, threads, grid, stream, pdl, args, what)
 
 
-def oracle(eng, abl: Ablation, a, bw: float) -> int:
-    """The fixed routing (no router launch) against the same with the add + norm + router launch asking
-    L2, before its wait, for the gate/up weights of the experts the fixed routing will pick (row 0's
-    eight: a prediction that is always right), 16 KiB a thread; the bound of what experts predicted
-    ahead could win in that window. The same values in both arms (a prefetch moves none)."""
-    from verispec.ops import cuda_norm_router
-    from verispec.models.qwen3_next import MoE
-    tables = {}
-    for layer in eng.model.layers:
-        m = layer.mlp
-        if isinstance(m, MoE):
-            per = m.gu_all[0].numel() * m.gu_all.element_size()            # one expert's gate/up bytes
-            base = m.gu_all.data_ptr()
-            addrs = [base + int(e) * per + c for e in abl.ids[0, :8].tolist() for c in range(0, per, 16384)]
-            tables[m.pre.data_ptr()] = torch.tensor(addrs, dtype=torch.int64, device="cuda")
-
-    def arm(pf):
-        def set_():
-            abl.set(("router",))
-            cuda_norm_router.PREFETCH = (lambda w: tables.get(w.data_ptr())) if pf else None
-        return set_
-    try:
-        cb.graph_arms(eng, a.rounds, "oracle", {"fixed route": arm(False), "fixed route, experts ahead": arm(True)},
-                      row_counts=tuple(int(r) for r in a.rows.split(",")))
-    finally:
-        abl.set(())
-        cuda_norm_router.PREFETCH = None
-    limit = cb.active_weight_bytes(cb._cfg_dict(eng)) / bw
-    for rows, r in cb.RESULTS["oracle"].items():
-        cb.log(f"[oracle] rows {rows}: " + "; ".join(f"{k} {v:.3f} ms ({limit * 1e3 / v * 100:.1f}% of the limit)"
-                                                      for k, v in r["ms"].items()))
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "cuda_ablation_oracle.json").write_text(json.dumps({"bandwidth_Bps": bw, "limit_ms": limit * 1e3,
-                                                               "oracle": cb.RESULTS["oracle"]}, indent=1) + "\n")
-    return 0
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="qwen3.6-35b-a3b-shape")
     ap.add_argument("--layers", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--rows", default="1")
-    ap.add_argument("--oracle", action="store_true",
-                    help="only the fixed routing, without and with its experts' gate/up weights asked of L2 by the "
-                         "add + norm + router launch before its wait (experts predicted ahead, always right)")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -139,8 +98,6 @@ def main() -> int:
     bw = cb.bandwidth()
     eng, _ = cb.build(a.preset, a.layers, "independent", 1)
     abl = Ablation()
-    if a.oracle:
-        return oracle(eng, abl, a, bw)
     arms = {"full": ()}
     arms |= {f"no_{k}": (k,) for k in ("recurrence", "row_norms", "attention_steps", "router", "combine",
                                        "add_norm_router")}

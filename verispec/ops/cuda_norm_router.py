@@ -29,23 +29,14 @@ except ImportError:  # pragma: no cover
 
 BLOCK_N = 8      # router columns per program: 33 programs a row for the 264 of the 35B-A3B shape
 WARPS = 16
-# a benchmark's hook (bench/cuda_ablation.py --oracle): router weight -> int64 [n] addresses of 16 KiB
-# chunks that the launch asks L2 for before its wait (experts predicted ahead), or None
-PREFETCH = None
 
 if triton is not None:
     @triton.jit
     def _add_norm_router(x_ptr, h_ptr, split_stride, nw_ptr, w_ptr, s_ptr, y_ptr, lg_ptr, eps, N_OUT,
                          H: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                         PDL: tl.constexpr, pf_ptr=None, n_pf=0, PF: tl.constexpr = False, NT: tl.constexpr = 512):
+                         PDL: tl.constexpr):
         nb = tl.program_id(0)
         row = tl.program_id(1).to(tl.int64)
-        if PF:   # PREFETCH: this program's share of the chunks, one a thread, asked of L2 (moves no value)
-            idx = (tl.program_id(1) * tl.num_programs(0) + nb) * NT + tl.arange(0, NT)
-            addr = tl.load(pf_ptr + idx, mask=idx < n_pf, other=0)
-            tl.inline_asm_elementwise("{\n.reg .pred p;\n.reg .u32 sz;\nsetp.ne.u64 p, $1, 0;\nmov.u32 sz, 16384;\n"
-                                      "@p cp.async.bulk.prefetch.L2.global [$1], sz;\nmov.u32 $0, 0;\n}",
-                                      "=r,l", [addr], dtype=tl.int32, is_pure=False, pack=1)
         offs = tl.arange(0, BLOCK)
         m = offs < H
         offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -81,10 +72,7 @@ def add_norm_router(x: torch.Tensor, h, norm_w: torch.Tensor, eps: float,
     hc, split, stride = cuda_norms.split_args(h, hd)
     s, y = torch.empty_like(x), torch.empty_like(x)
     lg = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    pf = PREFETCH(router) if PREFETCH is not None else None
-    extra = {} if pf is None else {"pf_ptr": pf, "n_pf": pf.numel(), "PF": True, "NT": 32 * WARPS}
     _add_norm_router[(triton.cdiv(n, BLOCK_N), rows)](x, hc, stride, norm_w.contiguous(), router, s, y, lg, eps, n,
                                                       H=hd, BLOCK=triton.next_power_of_2(hd), SPLIT=split,
-                                                      BLOCK_N=BLOCK_N, num_warps=WARPS, **extra,
-                                                      **cuda_launch.flags(x.device))
+                                                      BLOCK_N=BLOCK_N, num_warps=WARPS, **cuda_launch.flags(x.device))
     return s, y, lg
