@@ -5,7 +5,10 @@ bench/cuda_chain_probe.py runs the step's phases as a PDL chain of kernels that 
 this runs the real forward (bench/cuda_bench.py's model and graphed A/B, `graph_arms`) with some
 launches left out of the captured graph: a Triton kernel's launcher replaced by one that launches
 nothing, the router by fixed valid expert ids, the CUDA C++ stream products by skipping their
-launch. The logits are wrong by construction; only the time counts. The time an arm saves is what
+launch. The logits are wrong by construction; only the time counts. (With the router left out, the
+shared expert's gate/up programs, which read their input before their wait because the router's
+launch sits between them and the kernel writing it, read it while that kernel still runs: the arm's
+values are racy, not only wrong; its time stands. Eighteenth session, call 132.) The time an arm saves is what
 those launches cost where they sit in the chain (their own work, their boundary and what the kernels
 around them could not overlap), which is what folding them away, or making them faster, could win.
 Arms interleaved, medians; 1 row (and 4 with --rows 1,4).
