@@ -141,3 +141,20 @@ stream_rate(const unsigned char* big, int units, int method, int depth, unsigned
     __syncthreads();
     if (threadIdx.x == 0) out[c] = (long long)gtimer() - t0;
 }
+
+// Asking L2 for bytes ahead (the expert-prefetch oracle's question, eighteenth session): each thread t
+// < per_cta of CTA c asks for chunk c * per_cta + t of `chunk` bytes at base, by one bulk prefetch
+// (mode 0) or by a prefetch.global.L2 per 128-byte line (mode 1). The launch's time (events, taken by
+// the caller) is how long CTAs that asked take to retire.
+extern "C" __global__ void __launch_bounds__(256)
+l2_prefetch(const unsigned char* base, int chunk, int per_cta, int mode)
+{
+    const int t = threadIdx.x;
+    if (t >= per_cta) return;
+    const unsigned char* p = base + ((size_t)blockIdx.x * per_cta + t) * (size_t)chunk;
+    if (mode == 0) {
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"((unsigned)chunk) : "memory");
+    } else {
+        for (int o = 0; o < chunk; o += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(p + o) : "memory");
+    }
+}

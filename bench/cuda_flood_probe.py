@@ -15,6 +15,9 @@ chain over 256 MB), for modes none / same (the prober's SM floods too) / other (
 prober's). Medians over --rounds launches; raw per-launch stamps in the JSON.
 
   python3 bench/cuda_flood_probe.py --rounds 15 --out $OUT
+
+Its last part times asking L2 for 33.5 MB ahead (bulk prefetches from 33 or 132 CTAs, or a prefetch a
+line), and a read of the same bytes after it against the read alone.
 """
 
 from __future__ import annotations
@@ -136,6 +139,44 @@ def main() -> int:
             print(f"[rate] {m:24s} {nbytes / 1e6:7.1f} MB: {ev:8.2f} us by events ({nbytes / ev / 1e6:.2f} TB/s), "
                   f"slowest CTA {cta:8.2f} us ({nbytes / cta / 1e6:.2f} TB/s)")
         del big2
+    # asking L2 ahead: how long the asking launch takes, and how long a read of the same 33.5 MB (as the
+    # stream_rate kernel, bulk copies) takes after it, against the read alone
+    fp = cuda_nvrtc.compile_kernel(dev, "cuda_flood_probe.cu", "l2_prefetch", {}, 0,
+                                   text=probe_source("cuda_flood_probe.cu"))
+    total = 8 * 4 * 2**20                                         # eight experts' gate/up weights
+    units_rd = total // (grid * 8 * UNIT)
+    rd_bytes = grid * 8 * units_rd * UNIT
+    region = torch.randint(0, 255, (2 * total,), dtype=torch.uint8, device=dev)
+    ways = {"read alone": None, "bulk, 33 CTAs x 64 x 16 KiB": (33, 64, 16384, 0),
+            "bulk, 132 CTAs x 16 x 16 KiB": (132, 16, 16384, 0), "bulk, 128 CTAs x 64 x 4 KiB": (128, 64, 4096, 0),
+            "lines, 128 CTAs x 256 x 1 KiB": (128, 256, 1024, 1)}
+    res["l2_prefetch"] = {}
+    tsp = {w: [] for w in ways}
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+    for r in range(-2, a.rounds):
+        for w, cfg in ways.items():
+            k += 1
+            scratch.fill_(k & 255)
+            base = region.data_ptr() + (k % 2) * total
+            ev[0].record()
+            if cfg is not None:
+                ctas, per, chunk, mode = cfg
+                cuda_nvrtc.launch(fp, 0, 256, ctas, stream, False,
+                                  [ctypes.c_void_p(base), ctypes.c_int(chunk), ctypes.c_int(per), ctypes.c_int(mode)],
+                                  "l2_prefetch")
+            ev[1].record()
+            cuda_nvrtc.launch(fr, SMEM, 256, grid, stream, False,
+                              [ctypes.c_void_p(base), ctypes.c_int(units_rd), ctypes.c_int(0), ctypes.c_int(3),
+                               ctypes.c_void_p(sink.data_ptr()), ctypes.c_void_p(out.data_ptr())], "stream_rate")
+            ev[2].record()
+            ev[2].synchronize()
+            if r >= 0:
+                tsp[w].append((ev[0].elapsed_time(ev[1]) * 1e3, ev[1].elapsed_time(ev[2]) * 1e3))
+    for w, v in tsp.items():
+        ask = statistics.median(x[0] for x in v)
+        rd = statistics.median(x[1] for x in v)
+        res["l2_prefetch"][w] = {"ask_us": ask, "read_us": rd, "read_bytes": rd_bytes, "raw": v}
+        print(f"[l2] {w:30s}: asking {ask:7.2f} us, then reading {rd_bytes / 1e6:.1f} MB {rd:7.2f} us")
     p = Path(a.out)
     p.mkdir(parents=True, exist_ok=True)
     (p / "cuda_flood_probe.json").write_text(json.dumps(res, indent=1) + "\n")
