@@ -22,8 +22,7 @@ flood_probe(const unsigned char* big, const unsigned* chase, unsigned start, int
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    long long t0;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    const long long t0 = (long long)gtimer();
     if (warp < 8 && floods && lane == 0) {
         for (int u = 0; u < units; ++u) {
             const int s = warp * 3 + u;
@@ -33,13 +32,10 @@ flood_probe(const unsigned char* big, const unsigned* chase, unsigned start, int
         }
     }
     if (warp == 8 && c == 0 && lane == 0) {
-        long long ts, te;
         unsigned idx = start;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ts));
+        const long long ts = (long long)gtimer();
         for (int i = 0; i < steps; ++i) idx = __ldcg(chase + idx);
-        // the stamp after the last load: the predicate reads idx, so it waits for it
-        asm volatile("{\n\t.reg .pred p;\n\tsetp.eq.u32 p, %1, 4294967295;\n\tmov.u64 %0, %%globaltimer;\n}"
-                     : "=l"(te) : "r"(idx));
+        const long long te = (long long)gtimer_after(__uint_as_float(idx));   // waits for the last load
         out[0] = ts - t0;
         out[1] = te - ts;
         out[2] = idx;
@@ -47,11 +43,7 @@ flood_probe(const unsigned char* big, const unsigned* chase, unsigned start, int
     if (warp < 8 && floods)
         for (int u = 0; u < units; ++u) mbar_wait(&bar[warp * 3 + u], 0);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        long long t1;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-        out[8 + c] = t1 - t0;
-    }
+    if (threadIdx.x == 0) out[8 + c] = (long long)gtimer() - t0;
 }
 
 // The streaming rate of three ways to read weights, a CTA an SM, 8 warps, each warp streaming
