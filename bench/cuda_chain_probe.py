@@ -15,6 +15,9 @@ a CUDA graph. Arms, interleaved, medians of --rounds:
   early        the same, the next launched before this kernel's wait: as many kernels ahead as fit
   early_fused  early over the phases without the byte-less ones (folded at no cost)
   early_costed early over cuda_step_probe.costed_phases (the folds' remaining costs)
+  late_pred, early_pred  late and early with the routed experts' first units requested before the
+               wait too, as if their ids were known ahead (a prediction that is always right): the
+               ceiling of predicting the experts (192 KiB only)
 each at two shared-memory budgets a CTA: 8 warps x 3 slots of 8 KiB (192 KiB, one CTA an SM, as the
 stream products) and 4 x 3 (96 KiB, two an SM, so the next phase's CTAs can sit beside the running
 ones). With --verify, a verify's rows as late, early and early_costed (192 KiB), against the bandwidth
@@ -43,13 +46,14 @@ from cuda_step_probe import UNIT, costed_phases, phases, probe_args, probe_sourc
 BUDGETS = {"192k": (8, 3), "96k": (4, 3)}     # (warps, slots a warp) of a phase kernel's CTA
 
 
-def launches(ph, small_ns: int, pre: bool, early: bool):
+def launches(ph, small_ns: int, pre: bool, early: bool, pred: bool = False):
     """-> [(unit offset, units, spin ns, request before the wait, early)] a launch per phase, the
-    units laid out in order; routed phases never request before their wait (the router's ids)."""
+    units laid out in order; routed phases request before their wait only with pred (their ids
+    predicted ahead), never otherwise (the router's ids)."""
     out, u = [], 0
     for q, ns in zip(ph, spins(ph, small_ns)):
         n = -(-q[1] // UNIT)
-        out.append((u, n, ns, pre and not q[2], early))
+        out.append((u, n, ns, pre and (pred or not q[2]), early))
         u += n
     return out
 
@@ -72,6 +76,7 @@ def main() -> int:
     for b in BUDGETS:
         arm_specs |= {f"nopre_{b}": (ph, False, False), f"late_{b}": (ph, True, False), f"early_{b}": (ph, True, True),
                       f"early_fused_{b}": (fused, True, True), f"early_costed_{b}": (costed, True, True)}
+    arm_specs |= {"late_pred_192k": (ph, True, False, True), "early_pred_192k": (ph, True, True, True)}
     verify_bytes = {}
     for rows, ex in verify:
         vph = phases(cfg, ex)
@@ -115,8 +120,8 @@ def main() -> int:
         if name == "one":
             seq, budget = [(0, -(-need // UNIT), 0, True, False)], "192k"
         else:
-            arm_ph, pre, early = spec
-            seq, budget = launches(arm_ph, a.small_ns, pre, early), name.rsplit("_", 1)[1]
+            arm_ph, pre, early, *pred = spec
+            seq, budget = launches(arm_ph, a.small_ns, pre, early, *pred), name.rsplit("_", 1)[1]
         record(seq, budget)                         # once outside the graph: the modules load, errors show
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()

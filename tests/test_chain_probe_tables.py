@@ -28,6 +28,19 @@ def test_a_launch_per_phase_in_order():
                 u += n
 
 
+def test_predicted_experts_are_requested_ahead_only_when_asked():
+    cfg = preset_config("qwen3.6-35b-a3b-shape", layers=4)
+    ph = probe.phases(cfg)
+    plain = chain.launches(ph, 700, True, False)
+    pred = chain.launches(ph, 700, True, False, pred=True)
+    routed = [q[2] for q in ph]
+    assert any(routed) and not all(routed)
+    assert [s[3] for s in pred] == [True] * len(ph)
+    assert [s[3] for s in plain] == [not r for r in routed]
+    assert [s[:3] for s in pred] == [s[:3] for s in plain]
+    assert not any(s[3] for s in chain.launches(ph, 700, False, True, pred=True))
+
+
 def test_costed_phases_keep_their_own_latency():
     cfg = preset_config("qwen3.6-35b-a3b-shape", layers=4)
     costed = probe.costed_phases(cfg, 1000, 700, 500)
