@@ -5,6 +5,11 @@ with the top-k the same router weights pick from an earlier hidden state:
 
   mixer_input   the layer's input after its input norm (available when the layer starts)
   prev_moe      the previous layer's MoE input (available a whole layer earlier)
+  unnormed      the residual stream and the mixer's output summed in fp32 and times the norm's
+                (1 + w), without the norm's 1/rms and without the bf16 roundings: the router's own
+                logits up to a positive scale and rounding (a top-k does not move under a positive
+                scale), so a linear split, W_r (1 + w) x + (W_r (1 + w) W_o) g, could give the
+                same ids before the mixer's output product has run (docs/cuda.md)
   random        k experts drawn at random (the floor: k / E of the picks on average)
 
 A prediction moves no value (the router's own ids decide); a right one would let the expert's
@@ -49,6 +54,7 @@ def measure(model_dir: str, tokens: int) -> dict:
     m = eng.model
     seen: list[tuple[str, object, torch.Tensor]] = []
     kept = q3.Model._linear_attn, q3.Model._full_attn, q3.Model.moe
+    kept_add_norm = q3.add_norm
 
     def lin_attn(self, mixer, h, *args, **kw):
         seen.append(("in", mixer, h[-1].detach().clone()))
@@ -61,9 +67,13 @@ def measure(model_dir: str, tokens: int) -> dict:
     def moe(self, mlp, h, *args, **kw):
         seen.append(("moe", mlp, h[-1].detach().clone()))
         return kept[2](self, mlp, h, *args, **kw)
+    def add_norm(x, h, weight, *args, **kw):
+        seen.append(("add", weight, x[-1].float() + h[-1].float()))
+        return kept_add_norm(x, h, weight, *args, **kw)
     q3.Model._linear_attn, q3.Model._full_attn, q3.Model.moe = lin_attn, full_attn, moe
+    q3.add_norm = add_norm
     rng = random.Random(0)
-    hits = {"mixer_input": [], "prev_moe": [], "random": []}
+    hits = {"mixer_input": [], "prev_moe": [], "unnormed": [], "random": []}
     k = e = 0
     try:
         for prompt in PROMPTS:
@@ -82,7 +92,10 @@ def measure(model_dir: str, tokens: int) -> dict:
                     e, k = mod.n_experts, mod.top_k
                     router = mod.pre[:e]
                     truth = topk_ids(router, h, k)
-                    mixer_in = seen[i - 1][2] if i > 0 and seen[i - 1][0] == "in" else None
+                    mixer_in = seen[i - 2][2] if i > 1 and seen[i - 2][0] == "in" else None
+                    if i > 0 and seen[i - 1][0] == "add":        # the residual add + norm before this MoE
+                        _, w, summed = seen[i - 1]
+                        hits["unnormed"].append(len(truth & topk_ids(router, (1.0 + w.float()) * summed, k)) / k)
                     if mixer_in is not None:
                         hits["mixer_input"].append(len(truth & topk_ids(router, mixer_in, k)) / k)
                     if prev_moe is not None:
@@ -91,6 +104,7 @@ def measure(model_dir: str, tokens: int) -> dict:
                     prev_moe = h
     finally:
         q3.Model._linear_attn, q3.Model._full_attn, q3.Model.moe = kept
+        q3.add_norm = kept_add_norm
     return {"model": model_dir, "experts": e, "top_k": k, "tokens_per_prompt": tokens, "prompts": PROMPTS,
             "share_of_true_topk": {p: statistics.mean(v) for p, v in hits.items() if v},
             "samples": {p: len(v) for p, v in hits.items()}}

@@ -18,8 +18,12 @@ def test_predictors_scored_at_every_moe_layer_and_hooks_removed():
     res = ep.measure(str(default_model_dir()), 6)
     assert (q3.Model._linear_attn, q3.Model._full_attn, q3.Model.moe) == kept
     layers = 8
-    assert res["samples"]["mixer_input"] == res["samples"]["random"] == len(ep.PROMPTS) * 6 * layers
+    assert (res["samples"]["mixer_input"] == res["samples"]["random"] == res["samples"]["unnormed"]
+            == len(ep.PROMPTS) * 6 * layers)
     assert res["samples"]["prev_moe"] == len(ep.PROMPTS) * 6 * (layers - 1)
     share = res["share_of_true_topk"]
     assert all(0.0 <= v <= 1.0 for v in share.values())
     assert share["mixer_input"] > share["random"] + 0.25
+    # the router's own logits up to a positive scale and rounding: the same top-k but for near-ties
+    assert share["unnormed"] >= 0.95 and share["unnormed"] > share["mixer_input"]
+    assert q3.add_norm is ep.q3.add_norm and q3.add_norm.__module__ == "verispec.models.layers"
