@@ -19,6 +19,7 @@ answer this (their routing has nothing to learn from); the bundled model is smal
 so its numbers say how a trained router behaves, not what a 256-expert one would.
 
   python3 bench/expert_prediction.py --tokens 256 --out bench/results
+  python3 bench/expert_prediction.py --random-config qwen3.6-35b-a3b-shape --layers 4 --tokens 32
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from verispec.config import default_model_dir  # noqa: E402
-from verispec.engine import load_engine  # noqa: E402
+from verispec.engine import Engine, load_engine  # noqa: E402
+from verispec.execution import Execution  # noqa: E402
+from verispec.random_model import preset_config, random_checkpoint  # noqa: E402
 from verispec.models import qwen3_next as q3  # noqa: E402
 
 PROMPTS = ["def fibonacci(n):", "import os\n\n\ndef walk(path):", "class Stack:\n    def __init__(self):",
@@ -51,7 +54,21 @@ def topk_ids(router: torch.Tensor, h: torch.Tensor, k: int) -> set[int]:
 def measure(model_dir: str, tokens: int) -> dict:
     """Greedy decode of `tokens` tokens after each prompt, the predictors scored at every MoE layer."""
     eng = load_engine(model_dir, read_mtp=False)
-    m = eng.model
+    return {"model": model_dir, "prompts": PROMPTS, **score(eng.model, [eng.encode(p) for p in PROMPTS], tokens)}
+
+
+def measure_random(preset: str, layers: int, tokens: int, routing: str = "independent") -> dict:
+    """The same on random weights at a preset's shapes (CPU, bf16), prompts of 64 fixed ids: their
+    routers have learnt nothing, so only the unnormed predictor (rounding alone) says anything here."""
+    cfg = preset_config(preset, layers=layers)
+    ck = random_checkpoint(cfg, seed=0, routing=routing, mtp=False)
+    eng = Engine.from_checkpoint(ck, Execution("cpu", torch.bfloat16, 16), usage_file=os.devnull)
+    prompts = [[(i * 7919 + 13 * (j + 1)) % 4000 + 11 for i in range(64)] for j in range(len(PROMPTS))]
+    return {"model": f"random {preset}, {layers} layers, {routing} routing", **score(eng.model, prompts, tokens)}
+
+
+def score(m, prompts: list[list[int]], tokens: int) -> dict:
+    """Greedy decode of `tokens` tokens after each prompt (ids) on model m, scoring the predictors."""
     seen: list[tuple[str, object, torch.Tensor]] = []
     kept = q3.Model._linear_attn, q3.Model._full_attn, q3.Model.moe
     kept_add_norm = q3.add_norm
@@ -76,8 +93,7 @@ def measure(model_dir: str, tokens: int) -> dict:
     hits = {"mixer_input": [], "prev_moe": [], "unnormed": [], "random": []}
     k = e = 0
     try:
-        for prompt in PROMPTS:
-            ids = eng.encode(prompt)
+        for ids in prompts:
             st = m.new_state(len(ids) + tokens + 1)
             out = m.forward(ids, st, exact=False)
             tok = int(out.logits[-1].argmax())
@@ -105,7 +121,7 @@ def measure(model_dir: str, tokens: int) -> dict:
     finally:
         q3.Model._linear_attn, q3.Model._full_attn, q3.Model.moe = kept
         q3.add_norm = kept_add_norm
-    return {"model": model_dir, "experts": e, "top_k": k, "tokens_per_prompt": tokens, "prompts": PROMPTS,
+    return {"experts": e, "top_k": k, "tokens_per_prompt": tokens,
             "share_of_true_topk": {p: statistics.mean(v) for p, v in hits.items() if v},
             "samples": {p: len(v) for p, v in hits.items()}}
 
@@ -115,14 +131,20 @@ def main() -> int:
     ap.add_argument("--model", default=None, help="a checkpoint directory (default: the bundled model)")
     ap.add_argument("--tokens", type=int, default=256, help="decode steps a prompt")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    ap.add_argument("--random-config", default=None, help="random weights at a preset's shapes instead of a checkpoint")
+    ap.add_argument("--layers", type=int, default=4, help="with --random-config: layers")
     a = ap.parse_args()
-    res = measure(a.model or str(default_model_dir()), a.tokens)
+    if a.random_config:
+        res = measure_random(a.random_config, a.layers, a.tokens)
+    else:
+        res = measure(a.model or str(default_model_dir()), a.tokens)
     for p, v in res["share_of_true_topk"].items():
         print(f"[experts] {p:12s}: {100 * v:5.1f}% of the true top-{res['top_k']} of {res['experts']} "
               f"({res['samples'][p]} layer-steps)")
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "expert_prediction.json").write_text(json.dumps(res, indent=1) + "\n")
+    name = "expert_prediction.json" if not a.random_config else f"expert_prediction_{a.random_config}.json"
+    (out_dir / name).write_text(json.dumps(res, indent=1) + "\n")
     return 0
 
 

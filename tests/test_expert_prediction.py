@@ -27,3 +27,12 @@ def test_predictors_scored_at_every_moe_layer_and_hooks_removed():
     # the router's own logits up to a positive scale and rounding: the same top-k but for near-ties
     assert share["unnormed"] >= 0.95 and share["unnormed"] > share["mixer_input"]
     assert q3.add_norm is ep.q3.add_norm and q3.add_norm.__module__ == "verispec.models.layers"
+
+
+def test_random_weights_scored_the_same_way():
+    """--random-config: the same hooks over a random model (16 experts, top 4): every MoE layer of every
+    step scored, and the unnormed sum (the router's logits up to scale and rounding) still finds its picks."""
+    res = ep.measure_random("small", 2, 3)
+    assert (res["experts"], res["top_k"]) == (16, 4)
+    assert res["samples"]["unnormed"] == res["samples"]["random"] == len(ep.PROMPTS) * 3 * 2
+    assert res["share_of_true_topk"]["unnormed"] >= 0.95
