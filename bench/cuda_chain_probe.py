@@ -18,6 +18,10 @@ a CUDA graph. Arms, interleaved, medians of --rounds:
   late_pred, early_pred  late and early with the routed experts' first units requested before the
                wait too, as if their ids were known ahead (a prediction that is always right): the
                ceiling of predicting the experts (192 KiB only)
+  engine       late, but the kernels before a mixer product (the combine, the gated norm, the
+               attention's merge) let it launch before their wait, as the engine's do (EARLY)
+  engine_moe   engine with the MoE's launches (add + norm + router, router, gate/up, down) early too
+  *_pred       the same with the routed experts predicted (as late_pred)
 each at two shared-memory budgets a CTA: 8 warps x 3 slots of 8 KiB (192 KiB, one CTA an SM, as the
 stream products) and 4 x 3 (96 KiB, two an SM, so the next phase's CTAs can sit beside the running
 ones). With --verify, a verify's rows as late, early and early_costed (192 KiB), against the bandwidth
@@ -46,14 +50,19 @@ from cuda_step_probe import UNIT, costed_phases, phases, probe_args, probe_sourc
 BUDGETS = {"192k": (8, 3), "96k": (4, 3)}     # (warps, slots a warp) of a phase kernel's CTA
 
 
-def launches(ph, small_ns: int, pre: bool, early: bool, pred: bool = False):
+ENGINE_EARLY = frozenset({"combine", "gated_norm", "merge"})     # their successor: a stream product
+MOE_EARLY = frozenset({"add_norm_router", "route", "gate_up", "down"})
+
+
+def launches(ph, small_ns: int, pre: bool, early: bool | frozenset, pred: bool = False):
     """-> [(unit offset, units, spin ns, request before the wait, early)] a launch per phase, the
     units laid out in order; routed phases request before their wait only with pred (their ids
-    predicted ahead), never otherwise (the router's ids)."""
+    predicted ahead), never otherwise (the router's ids). early: every launch, or the phases named."""
     out, u = [], 0
     for q, ns in zip(ph, spins(ph, small_ns)):
         n = -(-q[1] // UNIT)
-        out.append((u, n, ns, pre and (pred or not q[2]), early))
+        e = early if isinstance(early, bool) else q[0] in early
+        out.append((u, n, ns, pre and (pred or not q[2]), e))
         u += n
     return out
 
@@ -77,6 +86,10 @@ def main() -> int:
         arm_specs |= {f"nopre_{b}": (ph, False, False), f"late_{b}": (ph, True, False), f"early_{b}": (ph, True, True),
                       f"early_fused_{b}": (fused, True, True), f"early_costed_{b}": (costed, True, True)}
     arm_specs |= {"late_pred_192k": (ph, True, False, True), "early_pred_192k": (ph, True, True, True)}
+    for b in BUDGETS:
+        arm_specs |= {f"engine_{b}": (ph, True, ENGINE_EARLY), f"engine_pred_{b}": (ph, True, ENGINE_EARLY, True),
+                      f"engine_moe_{b}": (ph, True, ENGINE_EARLY | MOE_EARLY),
+                      f"engine_moe_pred_{b}": (ph, True, ENGINE_EARLY | MOE_EARLY, True)}
     verify_bytes = {}
     for rows, ex in verify:
         vph = phases(cfg, ex)
@@ -107,7 +120,7 @@ def main() -> int:
         for u0, n, ns, pre, early in spec:
             stream = torch.cuda.current_stream().cuda_stream
             if n == 0:
-                args = [ctypes.c_longlong(ns), ctypes.c_int(int(early))]
+                args = [ctypes.c_longlong(ns), ctypes.c_int(int(early))]   # (early: this launch's bool)
                 cuda_nvrtc.launch(small, 0, 32, 1, stream, True, args, "chain_small")
             else:
                 args = [ctypes.c_void_p(w.data_ptr()), ctypes.c_longlong(u0), ctypes.c_longlong(n), ctypes.c_longlong(ns),

@@ -57,3 +57,15 @@ def test_the_probe_kernels_get_the_shared_helpers_once():
         assert src.count("void spin_ns(") == 1 and src.count("unsigned xor_unit(") == 1, name
         assert "spin_ns(ns)" in src and "xor_unit<UNIT>(" in src, name
         assert src.count("globaltimer") == 2, name          # spin_ns's two reads of the timer, no other
+
+
+def test_early_by_phase_name():
+    """The engine arms: only the phases named launch their successor early, and every name is a phase's."""
+    cfg = preset_config("qwen3.6-35b-a3b-shape", layers=4)
+    ph = probe.phases(cfg)
+    names = {q[0] for q in ph}
+    assert chain.ENGINE_EARLY | chain.MOE_EARLY <= names
+    for chosen in (chain.ENGINE_EARLY, chain.ENGINE_EARLY | chain.MOE_EARLY):
+        seq = chain.launches(ph, 700, True, chosen, pred=True)
+        assert [s[4] for s in seq] == [q[0] in chosen for q in ph]
+        assert any(s[4] for s in seq) and not all(s[4] for s in seq)
