@@ -84,12 +84,11 @@ def main() -> int:
     arm_specs = {"one": [("step", need, False)]}
     for b in BUDGETS:
         arm_specs |= {f"nopre_{b}": (ph, False, False), f"late_{b}": (ph, True, False), f"early_{b}": (ph, True, True),
-                      f"early_fused_{b}": (fused, True, True), f"early_costed_{b}": (costed, True, True)}
-    arm_specs |= {"late_pred_192k": (ph, True, False, True), "early_pred_192k": (ph, True, True, True)}
-    for b in BUDGETS:
-        arm_specs |= {f"engine_{b}": (ph, True, ENGINE_EARLY), f"engine_pred_{b}": (ph, True, ENGINE_EARLY, True),
+                      f"early_fused_{b}": (fused, True, True), f"early_costed_{b}": (costed, True, True),
+                      f"engine_{b}": (ph, True, ENGINE_EARLY), f"engine_pred_{b}": (ph, True, ENGINE_EARLY, True),
                       f"engine_moe_{b}": (ph, True, ENGINE_EARLY | MOE_EARLY),
                       f"engine_moe_pred_{b}": (ph, True, ENGINE_EARLY | MOE_EARLY, True)}
+    arm_specs |= {"late_pred_192k": (ph, True, False, True), "early_pred_192k": (ph, True, True, True)}
     verify_bytes = {}
     for rows, ex in verify:
         vph = phases(cfg, ex)
@@ -120,7 +119,7 @@ def main() -> int:
         for u0, n, ns, pre, early in spec:
             stream = torch.cuda.current_stream().cuda_stream
             if n == 0:
-                args = [ctypes.c_longlong(ns), ctypes.c_int(int(early))]   # (early: this launch's bool)
+                args = [ctypes.c_longlong(ns), ctypes.c_int(int(early))]
                 cuda_nvrtc.launch(small, 0, 32, 1, stream, True, args, "chain_small")
             else:
                 args = [ctypes.c_void_p(w.data_ptr()), ctypes.c_longlong(u0), ctypes.c_longlong(n), ctypes.c_longlong(ns),

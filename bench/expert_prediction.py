@@ -51,6 +51,16 @@ def topk_ids(router: torch.Tensor, h: torch.Tensor, k: int) -> set[int]:
     return set(torch.topk(router.float() @ h.float(), k).indices.tolist())
 
 
+def _since_last_moe(seen: list, i: int, kind: str):
+    """The latest record of `kind` before seen[i] and after the MoE before it (this layer's), or None."""
+    for j in range(i - 1, -1, -1):
+        if seen[j][0] == "moe":
+            return None
+        if seen[j][0] == kind:
+            return seen[j]
+    return None
+
+
 def measure(model_dir: str, tokens: int) -> dict:
     """Greedy decode of `tokens` tokens after each prompt, the predictors scored at every MoE layer."""
     eng = load_engine(model_dir, read_mtp=False)
@@ -84,6 +94,7 @@ def score(m, prompts: list[list[int]], tokens: int) -> dict:
     def moe(self, mlp, h, *args, **kw):
         seen.append(("moe", mlp, h[-1].detach().clone()))
         return kept[2](self, mlp, h, *args, **kw)
+
     def add_norm(x, h, weight, *args, **kw):
         seen.append(("add", weight, x[-1].float() + h[-1].float()))
         return kept_add_norm(x, h, weight, *args, **kw)
@@ -108,12 +119,12 @@ def score(m, prompts: list[list[int]], tokens: int) -> dict:
                     e, k = mod.n_experts, mod.top_k
                     router = mod.pre[:e]
                     truth = topk_ids(router, h, k)
-                    mixer_in = seen[i - 2][2] if i > 1 and seen[i - 2][0] == "in" else None
-                    if i > 0 and seen[i - 1][0] == "add":        # the residual add + norm before this MoE
-                        _, w, summed = seen[i - 1]
+                    mixer_in, added = _since_last_moe(seen, i, "in"), _since_last_moe(seen, i, "add")
+                    if added is not None:                       # the residual add + norm before this MoE
+                        _, w, summed = added
                         hits["unnormed"].append(len(truth & topk_ids(router, (1.0 + w.float()) * summed, k)) / k)
                     if mixer_in is not None:
-                        hits["mixer_input"].append(len(truth & topk_ids(router, mixer_in, k)) / k)
+                        hits["mixer_input"].append(len(truth & topk_ids(router, mixer_in[2], k)) / k)
                     if prev_moe is not None:
                         hits["prev_moe"].append(len(truth & topk_ids(router, prev_moe, k)) / k)
                     hits["random"].append(len(truth & set(rng.sample(range(e), k))) / k)
