@@ -7,6 +7,7 @@ logprobs, finish reasons, prefix reuses and pin restores.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
@@ -246,6 +247,7 @@ def _bad_requests(model: str):
         chat(messages=[{"role": "user", "content": "x", "tool_calls": []}]),
         comp(prompt=""), comp(prompt=[999]), comp(prompt=[-1]), comp(prompt=["a", "b"]),
         comp(prompt="x" * 1100),                                                   # beyond the context
+        comp(stream=True, stream_options={"include_usage": True, "frobnicate": 1}),
         chat(model="some-other-model"),
     ]
 
@@ -308,6 +310,117 @@ def test_disconnect_mid_stream_then_continuation_equals_plain(tmp_path):
             assert y["stats"]["reused_tokens"] > len(REPEAT_PROMPT) + 3 and not y["stats"]["pin_restored"]
             results.append((x["text"], x["ids"], x["logprobs"], y["chunks"], y["ids"]))
         assert results[0] == results[1]
+
+
+def test_a_client_leaving_a_non_streamed_request_stops_it(tmp_path):
+    """The client of a non-streamed request goes away mid-generation: the server notices while
+    tokens keep coming, stops the turn at the next token and counts the disconnect."""
+    with serving(tmp_path, *PLAIN) as s:
+        before = s.metrics()
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(s.base + "/v1/completions", json={"model": s.model, "prompt": REPEAT_PROMPT,
+                                                         "max_tokens": 1000, "temperature": 0},
+                       timeout=httpx.Timeout(60, read=0.5))
+        s.idle()
+        m = _delta(s.metrics(), before)
+        assert m["verispec_cancelled_total"] == 1 and m["verispec_client_disconnects_total"] == 1
+        assert m["verispec_completion_tokens_total"] < 1000
+        ok = s.client.completions.create(model=s.model, prompt="hi", max_tokens=2, temperature=0)
+        assert ok.choices[0].finish_reason == "length"
+
+
+def test_a_queued_stream_whose_client_left_is_skipped_and_counted(tmp_path):
+    with serving(tmp_path, *PLAIN) as s:
+        before = s.metrics()
+        running = s.client.completions.create(model=s.model, prompt=REPEAT_PROMPT, max_tokens=1000,
+                                              temperature=0, stream=True)
+        next(iter(running))
+        with pytest.raises(httpx.ReadTimeout):       # waits behind the running one, then gives up
+            httpx.post(s.base + "/v1/completions", json={"model": s.model, "prompt": "hi", "max_tokens": 5,
+                                                         "stream": True}, timeout=httpx.Timeout(60, read=0.5))
+        time.sleep(1.2)                               # the server notices within a second
+        running.close()
+        s.idle()
+        m = _delta(s.metrics(), before)
+        assert m["verispec_client_disconnects_total"] == 2
+        assert m["verispec_cancelled_total"] == 1 and m["verispec_requests_total"] == 1   # the queued one never ran
+        ok = s.client.completions.create(model=s.model, prompt="hi", max_tokens=2, temperature=0)
+        assert ok.choices[0].finish_reason == "length"
+
+
+# ----------------------------------------------------------------------------- logprobs' text offsets
+
+def _char_of_byte(b: bytes) -> list[int]:
+    """For each byte of b, the index of the character it belongs to in b.decode("utf-8", "replace")
+    (an invalid sequence is one U+FFFD per maximal part, as the decoder reports them)."""
+    bad = {}
+
+    def note(e):
+        bad[e.start] = e.end
+        return "\ufffd", e.end
+    codecs.register_error("verispec-test-note", note)
+    text = b.decode("utf-8", "verispec-test-note")
+    out, j, c = [], 0, 0
+    while j < len(b):
+        end = bad.get(j) or j + (1 if b[j] < 0x80 else 2 if b[j] < 0xE0 else 3 if b[j] < 0xF0 else 4)
+        out += [c] * (end - j)
+        j, c = end, c + 1
+    assert c == len(text)
+    return out
+
+
+def _token_bytes(label: str) -> bytes:
+    return bytes.fromhex(label[6:].replace("\\x", "")) if label.startswith("bytes:") else label.encode()
+
+
+def test_completion_text_offsets_index_the_prompt_and_text(tmp_path):
+    """text_offset: each token's start in prompt + text (OpenAI's base), where a token that is not whole
+    UTF-8 begins at the character its first byte belongs to; streamed chunks carry the same offsets.
+    The sampled reply of this byte-level fixture has lone bytes, broken and completed sequences."""
+    prompt = "abc d\u00e9f "
+    with serving(tmp_path, *PLAIN) as s:
+        body = {"model": s.model, "prompt": prompt, "max_tokens": 60, "temperature": 1.0, "seed": 3, "logprobs": 1}
+        c = httpx.post(s.base + "/v1/completions", json=body, timeout=60).json()["choices"][0]
+        lp = c["logprobs"]
+        raw = [_token_bytes(t) for t in lp["tokens"]]
+        b = b"".join(raw)
+        assert b.decode("utf-8", "replace") == c["text"]
+        assert sum(t.startswith("bytes:") for t in lp["tokens"]) >= 5 and len(c["text"]) < len(b)
+        where = _char_of_byte(b)
+        firsts = [sum(len(x) for x in raw[:i]) for i in range(len(raw))]
+        assert lp["text_offset"] == [len(prompt) + where[f] for f in firsts]
+        streamed = []
+        for ch in s.client.completions.create(stream=True, **body):
+            if ch.choices[0].logprobs:
+                streamed += ch.choices[0].logprobs.text_offset
+        assert streamed == lp["text_offset"]
+
+
+def test_logprobs_end_with_the_text_a_stop_string_cut(tmp_path):
+    with serving(tmp_path, *PLAIN) as s:
+        full = _frames_comp(s, REPEAT_PROMPT, max_tokens=16, temperature=0)["text"]
+        stop = full[next(i for i in range(3, len(full) - 2) if "\ufffd" not in full[i:i + 2]):][:2]
+        for stream in (False, True):
+            body = {"model": s.model, "prompt": REPEAT_PROMPT, "max_tokens": 16, "temperature": 0, "logprobs": 1,
+                    "stop": stop, "stream": stream}
+            if stream:
+                tokens, text = [], ""
+                for ch in s.client.completions.create(**body):
+                    text += ch.choices[0].text
+                    tokens += ch.choices[0].logprobs.tokens if ch.choices[0].logprobs else []
+            else:
+                c = s.client.completions.create(**body).choices[0]
+                tokens, text = c.logprobs.tokens, c.text
+            assert text == full[:full.find(stop)], stream
+            assert b"".join(_token_bytes(t) for t in tokens).decode("utf-8", "replace") == text, stream
+        chat = s.client.chat.completions.create(model=s.model, messages=[{"role": "user", "content": "abc"}],
+                                                max_tokens=16, temperature=0, logprobs=True)
+        whole = chat.choices[0].message.content
+        stop = next(ch for ch in whole[3:] if ch != "\ufffd")
+        cut = s.client.chat.completions.create(model=s.model, messages=[{"role": "user", "content": "abc"}],
+                                               max_tokens=16, temperature=0, logprobs=True, stop=stop)
+        kept = [bytes(t.bytes) for t in cut.choices[0].logprobs.content]
+        assert b"".join(kept).decode("utf-8", "replace") == whole[:whole.find(stop)]
 
 
 # ----------------------------------------------------------------------------- SIGTERM

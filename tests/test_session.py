@@ -5,6 +5,7 @@ import torch
 from harness import SAMPLED, plain_settings
 from model_fixtures import REPEAT_PROMPT, engine
 from verispec.config import DraftSettings
+from verispec.sampling import top_logprobs
 from verispec.session import Session
 
 
@@ -65,7 +66,8 @@ def test_session_with_and_without_drafts_identical():
 
 
 def test_session_state_equals_fresh_run():
-    """After reuse and pin restores, a turn's logits equal those of a fresh plain run of its prompt."""
+    """After reuse and pin restores, a turn's ids equal those of a fresh plain run of its prompt
+    (its logits too with prefill_batch off: the next test)."""
     eng = engine("qwen3_next", 4, mtp=True, vocab_size=32, aligned_head=True)
     sess = _session(eng, DraftSettings(lookup=True, mtp="on", mtp_drafts=3, gate=False, mtp_vocab=0))
     p1 = REPEAT_PROMPT
@@ -97,3 +99,38 @@ def test_asked_pins_outlive_automatic_ones():
     assert tuple(keep) in sess.pins and len(sess.pins) == 2
     r = sess.generate(keep + [6], plain_settings(3))
     assert r.stats["pin_restored"] and r.stats["reused_tokens"] == 5
+
+
+def _full_logprobs(logits: torch.Tensor) -> list:
+    return [(t, lp) for t, lp in top_logprobs(logits, logits.shape[-1])]
+
+
+def test_prefill_batch_off_makes_a_turn_independent_of_the_history():
+    """With prefill_batch off every prompt row runs the exact path, so a state reached by prefix
+    reuse or by a pin restore is bit for bit a fresh run's: a turn's whole log-softmax at every
+    position equals a fresh plain run's, whatever the session served before (the prompts are
+    longer than 16 rows, where a batched prefill would take the fast kernels)."""
+    eng = engine("qwen3_next", 4, mtp=True, vocab_size=32, aligned_head=True)
+    drafts = DraftSettings(lookup=True, mtp="on", mtp_drafts=3, gate=False, mtp_vocab=0)
+    sess = Session(eng, drafts, context=512, pin_slots=4, prefill_batch=False)
+    vocab = eng.args.vocab_size
+
+    def fresh(prompt, n):
+        r = eng.generate(prompt, plain_settings(n, prefill_batch=False), keep_logits=True)
+        return r.ids, [_full_logprobs(x) for x in r.logits]
+
+    def served(prompt, n):
+        r = sess.generate(prompt, plain_settings(n), logprobs=vocab)
+        return r.ids, [[(t, lp) for t, lp in e.top] for e in r.logprobs], r.stats
+
+    p1 = REPEAT_PROMPT
+    r1 = sess.generate(p1, plain_settings(20))
+    p2 = p1 + r1.ids + [5, 5] + list(range(3, 23))            # extends the transcript by 22 rows
+    ids, lps, stats = served(p2, 12)
+    assert stats["reused_tokens"] == len(p1) + len(r1.ids) - 1 and not stats["pin_restored"]
+    assert (ids, lps) == fresh(p2, 12)
+    sess.generate([9, 8, 7, 6, 5, 4, 3], plain_settings(5))
+    p3 = p1 + [4] * 20                                         # restores p1's pin, then 20 rows
+    ids, lps, stats = served(p3, 12)
+    assert stats["pin_restored"] and stats["reused_tokens"] == len(p1)
+    assert (ids, lps) == fresh(p3, 12)

@@ -12,6 +12,7 @@ Errors use OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import math
 import sys
@@ -27,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .config import RunSettings
@@ -128,6 +130,7 @@ class Turn:
     logprobs: int | None
     pin: bool
     stop: list[str]
+    text_offset: int = 0           # completions: the prompt's length in characters (OpenAI's text_offset base)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
@@ -147,6 +150,27 @@ class _Text:
             return ""
         self.text += self.dec.push(tok)
         return self._emit(final=False)
+
+    def begins_at(self, tok: int) -> int:
+        """Where the text of `tok`, pushed next, begins in self.text: after the text out so far
+        and the characters that the held bytes (an incomplete UTF-8 sequence) become before it;
+        a token that completes a held character begins where that character does."""
+        at = len(self.text)
+        held = self.dec.unread
+        if not held:
+            return at
+        parts = [_token_bytes(self.dec._tokenizer, t) for t in held + [tok]]
+        if any(b is None for b in parts):         # not byte-level: the text out so far
+            return at
+        d = codecs.getincrementaldecoder("utf-8")("replace")
+        at += len(d.decode(bytes(sum(parts[:-1], []))))     # characters complete within the held bytes
+        tail = d.getstate()[0]
+        if tail:
+            nxt = tail + bytes(parts[-1][:1])
+            if codecs.getincrementaldecoder("utf-8")("replace").decode(nxt).startswith("\ufffd") and \
+                    not nxt.startswith(b"\xef\xbf\xbd"):
+                at += 1       # the token breaks the held sequence: that becomes one U+FFFD before the token
+        return at
 
     def flush(self) -> str:
         if not self.stopped:
@@ -265,6 +289,9 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
             raise APIError(400, f"n must be 1 (one choice per request), got {req.n}", "n")
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "stream_options needs stream: true", "stream_options")
+        for key in (req.stream_options.model_extra or {}) if req.stream_options is not None else ():
+            raise APIError(400, f"unsupported parameter 'stream_options.{key}': stream_options takes include_usage",
+                           f"stream_options.{key}", "unsupported_parameter")
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if any(s == "" for s in stops) or len(stops) > 16:
             raise APIError(400, "stop: at most 16 non-empty strings", "stop")
@@ -309,14 +336,12 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
                              "top_logprobs": [{"token": token_text(t), "logprob": lp, "bytes": token_bytes(t)}
                                               for t, lp in e.top]} for e in entries]}
 
-    def completion_logprobs(entries, offset: int) -> dict:
-        toks = [token_text(e.token) for e in entries]
-        offsets = []
-        for s in toks:
-            offsets.append(offset)
-            offset += len(s)
-        return {"tokens": toks, "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [{token_text(t): lp for t, lp in e.top} for e in entries], "text_offset": offsets}
+    def completion_logprobs(entries, starts: list[int], base: int) -> dict:
+        """starts: where each token's text begins in the completion's text (a token that is not
+        whole UTF-8 begins where the character it starts will stand)."""
+        return {"tokens": [token_text(e.token) for e in entries], "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{token_text(t): lp for t, lp in e.top} for e in entries],
+                "text_offset": [base + s for s in starts]}
 
     # ----- running a turn -----
     async def execute(request: Request, turn: Turn, chat: bool):
@@ -326,7 +351,8 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         text = _Text(tokenizer, eos, turn.stop) if tokenizer else None
-        held: list = []           # logprob entries of tokens whose text is not out yet
+        held: list = []           # (logprob entry, start in the text) of tokens whose text is not out yet
+        plain = [0]               # no tokenizer: the text's length so far (ids as "id ")
 
         def put(ev):
             try:
@@ -337,12 +363,18 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
         def on_token(tok: int, entry):
             if turn.cancelled.is_set():
                 return False
+            start = text.begins_at(tok) if text else plain[0]
             delta = text.push(tok) if text else f"{tok} "
+            plain[0] += len(delta)
             if entry is not None and tok not in eos:
-                held.append(entry)
-            if delta or (text and text.stopped):
-                put(("delta", delta, list(held)))
-                held.clear()
+                held.append((entry, start))
+            # a token's entry goes out with the first of its text (a text held back because it may
+            # start a stop string holds its tokens too); past a stop, the text's end
+            sent = text.sent if text else plain[0]
+            ready = [pair for pair in held if pair[1] < sent]
+            if delta or ready or (text and text.stopped):
+                put(("delta", delta, ready))
+                del held[:len(ready)]
             if text is not None and text.stopped:
                 return False
             return None
@@ -350,6 +382,17 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
         fut = loop.run_in_executor(worker.pool, worker.run, turn, on_token)
         fut.add_done_callback(lambda f: events.put_nowait(("end", f)))
         return events, fut, text, held
+
+    def in_text(pairs: list, text=None) -> list:
+        """The (entry, start) pairs whose token put something into the text returned: after a
+        stop string the text ends before it, and the tokens past that end are left out."""
+        if text is None or not text.stopped:
+            return list(pairs)
+        return [(e, s) for e, s in pairs if s < len(text.text)]
+
+    def client_left() -> JSONResponse:
+        served["cancelled_by_client"] += 1
+        return _error(499, "the client closed the request", code="client_closed")
 
     def finish_of(res, text) -> str:
         if text is not None and text.stopped:
@@ -370,14 +413,23 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
         base = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": model_name}
 
+        checked = [time.monotonic()]
+
         async def next_event():
-            # while waiting, notice a client that went away (its turn is then skipped or stopped)
+            # notice a client that went away (its turn is then skipped or stopped at the next
+            # token), at most every 0.5 s, also while tokens keep coming
             while True:
+                if time.monotonic() - checked[0] >= 0.5:
+                    checked[0] = time.monotonic()
+                    if await request.is_disconnected():
+                        turn.cancelled.set()
                 try:
                     return await asyncio.wait_for(events.get(), timeout=0.5)
                 except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        turn.cancelled.set()
+                    pass
+
+        def cancelled(res) -> bool:
+            return res is None or (res.finish_reason == "cancelled" and not (text and text.stopped))
 
         first = await next_event()
         if first[0] == "end":
@@ -386,57 +438,62 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
                 raise APIError(400, str(exc))
             if exc is not None:
                 raise exc
+            if cancelled(first[1].result()):     # skipped in the queue: its client left
+                return client_left()
 
         if not stream:
-            parts, ev = [], first
+            parts, pairs, ev = [], [], first
             while ev[0] != "end":
                 parts.append(ev[1])
+                pairs += ev[2]
                 ev = await next_event()
             res = ev[1].result()
-            if res is None or (res.finish_reason == "cancelled" and not (text and text.stopped)):
-                served["cancelled_by_client"] += 1
-                return _error(499, "the client closed the request", code="client_closed")
+            if cancelled(res):
+                return client_left()
             out = "".join(parts) + (text.flush() if text else "")
-            entries = [e for e in (res.logprobs or []) if e.token not in eos] if res.logprobs is not None else None
+            pairs = in_text(pairs + held, text) if res.logprobs is not None else None
+            entries = [e for e, _ in pairs] if pairs is not None else None
             if chat:
                 choice = {"index": 0, "message": {"role": "assistant", "content": out},
                           "logprobs": chat_logprobs(entries) if entries is not None else None,
                           "finish_reason": finish_of(res, text)}
                 obj = "chat.completion"
             else:
-                choice = {"index": 0, "text": out,
-                          "logprobs": completion_logprobs(entries, 0) if entries is not None else None,
+                lp = completion_logprobs(entries, [s for _, s in pairs], turn.text_offset) if pairs is not None \
+                    else None
+                choice = {"index": 0, "text": out, "logprobs": lp,
                           "finish_reason": finish_of(res, text)}
                 obj = "text_completion"
             return JSONResponse(dict(base, object=obj, choices=[choice], usage=usage(turn, res),
                                      verispec=extension(res)))
 
-        def chunk(delta_text: str | None, entries, finish=None, role=False, offset=0) -> str:
+        def chunk(delta_text: str | None, pairs, finish=None, role=False) -> str:
+            entries = [e for e, _ in pairs] if pairs else None
             if chat:
                 delta = {"role": "assistant", "content": ""} if role else (
                     {"content": delta_text} if delta_text is not None else {})
                 lp = chat_logprobs(entries) if entries and turn.logprobs is not None else None
                 c = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
             else:
-                lp = completion_logprobs(entries, offset) if entries and turn.logprobs is not None else None
+                lp = completion_logprobs(entries, [s for _, s in pairs], turn.text_offset) \
+                    if entries and turn.logprobs is not None else None
                 c = {"index": 0, "text": delta_text or "", "logprobs": lp, "finish_reason": finish}
             return "data: " + json.dumps(dict(base, choices=[c])) + "\n\n"
 
         async def sse():
-            ev, offset, ended = first, 0, False
+            ev, ended = first, False
             try:
                 if chat:
                     yield chunk(None, None, role=True)
                 while ev[0] != "end":
-                    yield chunk(ev[1], ev[2], offset=offset)
-                    offset += len(ev[1])
+                    yield chunk(ev[1], ev[2])
                     ev = await events.get()
                 ended = True
                 res = ev[1].result()
                 tail = text.flush() if text else ""
-                rest = list(held)
+                rest = in_text(held, text)
                 if tail or rest:
-                    yield chunk(tail, rest, offset=offset)
+                    yield chunk(tail, rest)
                 last = json.loads(chunk(None, None, finish=finish_of(res, text))[6:])
                 last["verispec"] = extension(res)
                 if include_usage:
@@ -462,7 +519,8 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
         messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
                      else "".join(p.text for p in m.content)} for m in req.messages]
         try:
-            prompt = tokenizer.encode(tokenizer.apply_chat_template(messages))
+            # off the event loop: a huge prompt must not stall the other requests and /health
+            prompt = await run_in_threadpool(lambda: tokenizer.encode(tokenizer.apply_chat_template(messages)))
         except Exception as e:   # the template's raise_exception (unknown role, order) and friends
             raise APIError(400, f"the chat template refused the messages: {e}", "messages") from None
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -482,10 +540,14 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
         if isinstance(p, str):
             if tokenizer is None:
                 raise APIError(400, "this checkpoint has no tokenizer.json: give the prompt as token ids", "prompt")
-            prompt = tokenizer.encode(p)
+            prompt = await run_in_threadpool(tokenizer.encode, p)
         else:
             prompt = list(p)
-        turn = Turn(prompt, settings_for(req, prompt, req.max_tokens), req.logprobs, req.pin, _stops(req.stop))
+        settings = settings_for(req, prompt, req.max_tokens)
+        # text_offset counts from the prompt's start, as OpenAI's does (ids: their decoded text)
+        base = len(p) if isinstance(p, str) else (
+            len(tokenizer.decode(prompt)) if tokenizer is not None and req.logprobs is not None else 0)
+        turn = Turn(prompt, settings, req.logprobs, req.pin, _stops(req.stop), text_offset=base)
         return await respond(request, turn, False, req.stream,
                              bool(req.stream_options and req.stream_options.include_usage))
 
@@ -605,7 +667,7 @@ def build_server(a):
     if a.mtp == "on" and not eng.has_mtp:
         raise UsageError(f"--mtp on: {eng.path} has no MTP head (mtp.* tensors)")
     context = a.context or min(eng.args.max_position_embeddings, 4096)
-    session = Session(eng, drafts, context=context, pin_slots=a.pin_slots)
+    session = Session(eng, drafts, context=context, pin_slots=a.pin_slots, prefill_batch=a.prefill_batch)
     app = create_app(session, a.model_name or model_dir.resolve().name, eng.tokenizer, queue_size=a.queue,
                      save_usage=a.usage_save)
     config = uvicorn.Config(app, host=a.host, port=a.port, log_level="warning", access_log=False,

@@ -52,14 +52,17 @@ class Pin:
 
 class Session:
     def __init__(self, engine: Engine, drafts: DraftSettings, *, context: int, pin_slots: int = 4,
-                 clock: Callable[[], float] = time.perf_counter):
+                 prefill_batch: bool = True, clock: Callable[[], float] = time.perf_counter):
         if context < 2:
             raise UsageError(f"--context must be >= 2, got {context}")
         self.engine = engine
         self.drafts = drafts
         self.context = min(context, engine.args.max_position_embeddings)
         self.pin_slots = pin_slots
-        base = RunSettings(max_tokens=1, drafts=drafts, context=self.context)
+        # prefill_batch off: every prompt row runs the exact path, so a state reached by prefix reuse or a
+        # pin restore is bit for bit a fresh run's (batched prefill sums in other orders than the rows
+        # a reused state was fed as), and a turn's logits do not depend on the server's history
+        base = RunSettings(max_tokens=1, drafts=drafts, context=self.context, prefill_batch=prefill_batch)
         self.decoder = engine.new_decoder(base, [0], clock=clock)
         self.pins: OrderedDict[tuple, Pin] = OrderedDict()
         self.metrics: dict = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "forwards": 0,

@@ -198,6 +198,11 @@ class StreamDecoder:
     def ids(self) -> list[int]:
         return list(self._ids)
 
+    @property
+    def unread(self) -> list[int]:
+        """The ids pushed whose text is not out yet (held for an incomplete UTF-8 sequence)."""
+        return self._ids[self._read:]
+
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 
