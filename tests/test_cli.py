@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -167,9 +168,16 @@ def test_mtp_checkpoint_loads_and_runs(capsys):
     assert 1 <= len(json.loads(out)["ids"]) <= 4
 
 
-def test_debug_gives_the_traceback(ids_fx):
-    with pytest.raises(Exception):
-        main(["--debug", "run", "--prompt-ids", "1,2,99999", "--model", str(ids_fx)])
+def test_debug_gives_the_traceback_and_keeps_the_exit_code(ids_fx, capsys):
+    """--debug adds the traceback, before or after the subcommand, and changes no exit code."""
+    for argv in (["--debug", "run", "--prompt-ids", "1,2,99999", "--model", str(ids_fx)],
+                 ["run", "--prompt-ids", "1,2,99999", "--model", str(ids_fx), "--debug"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback (most recent call last)" in err and "out of range" in err
+        assert err.strip().splitlines()[-1].startswith("verispec: error: token id 99999")
+    assert main(["run", "--prompt-ids", "1,2,99999", "--model", str(ids_fx)]) == 2
+    assert "Traceback" not in capsys.readouterr().err
 
 
 # ----- bad input: one line "verispec: error: ...", exit 2 (usage) or 1 (runtime) -----
@@ -259,6 +267,64 @@ def _bad(tmp_path: Path, fx: Path, case: str) -> tuple[list, int, str]:
         return ["run", "hi", "--model", d], 2, "--prompt-ids"
     if case == "unknown flag":
         return ["run", "hi", "--frobnicate", *m], 2, "frobnicate"
+    if case == "config.json that is not an object":
+        d = _copy(fx, tmp_path / "listcfg")
+        (d / "config.json").write_text("[1, 2]")
+        return ["run", "hi", "--model", d], 1, "not a JSON object"
+    if case == "config.json with zero heads":
+        d = _copy(fx, tmp_path / "heads")
+        _edit_config(d, num_attention_heads=0)
+        return ["run", "hi", "--model", d], 1, "num_attention_heads"
+    if case == "safetensors header that is not an object":
+        d = _copy(fx, tmp_path / "hdr")
+        f = d / "model.safetensors"
+        f.write_bytes(struct.pack("<Q", 6) + b"[1, 2]" + f.read_bytes()[8:])
+        return ["run", "hi", "--model", d], 1, "model.safetensors"
+    if case == "safetensors entry without data_offsets":
+        d = _copy(fx, tmp_path / "offs")
+        f = d / "model.safetensors"
+        raw = f.read_bytes()
+        (n,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8:8 + n])
+        name = next(k for k in header if k != "__metadata__")
+        del header[name]["data_offsets"]
+        new = json.dumps(header).encode().ljust(n)
+        f.write_bytes(raw[:8] + new + raw[8 + n:])
+        return ["run", "hi", "--model", d], 1, "model.safetensors"
+    if case == "index whose weight_map is a list":
+        d = _copy(fx, tmp_path / "index")
+        (d / "model.safetensors.index.json").write_text('{"weight_map": [1]}')
+        return ["run", "hi", "--model", d], 1, "index.json"
+    if case == "damaged tokenizer.json":
+        d = _copy(fx, tmp_path / "tok")
+        (d / "tokenizer.json").write_text("{")
+        return ["run", "hi", "--model", d], 1, "tokenizer.json"
+    if case == "damaged tokenizer_config.json":
+        d = _copy(fx, tmp_path / "tcfg")
+        (d / "tokenizer_config.json").write_text("{")
+        return ["run", "hi", "--model", d], 1, "tokenizer_config.json"
+    if case == "chat template that does not compile":
+        d = _copy(fx, tmp_path / "tmpl")
+        cfg = json.loads((d / "tokenizer_config.json").read_text())
+        cfg["chat_template"] = "{% for m in messages %}{{ m.content }"
+        (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+        for extra in d.glob("chat_template.jinja"):
+            extra.unlink()
+        return ["run", "hi", "--chat", "--model", d], 1, "chat template"
+    if case == "chat with prompt ids":
+        return ["run", "--prompt-ids", "1,2", "--chat", *m], 2, "--chat"
+    if case == "reference without force":
+        ref = tmp_path / "ref.json"
+        ref.write_text(json.dumps({"ids": [1, 2, 3], "text": "", "stats": {}}))
+        return ["run", "hi", "--reference", ref, *m], 2, "--force"
+    if case == "reference ids outside the vocabulary":
+        ref = tmp_path / "ref.json"
+        ref.write_text(json.dumps({"ids": [1, 999999], "text": "", "stats": {}}))
+        return ["run", "hi", "--force", "accept", "--reference", ref, *m], 2, "--reference"
+    if case == "context beyond the model's positions":
+        return ["run", "hi", "--context", 10 ** 6, *m], 2, "max_position_embeddings"
+    if case == "dump-logits into a directory":
+        return ["run", "hi", "--dump-logits", tmp_path, *m], 2, "directory"
     raise AssertionError(case)
 
 
@@ -270,7 +336,11 @@ BAD_CASES = [
     "lookup-drafts 9", "force without reference", "bad force value", "missing reference file",
     "mtp on without a head", "device cuda without a GPU", "threads 0 or less", "dump-logits into a missing directory",
     "no prompt", "empty prompt", "text prompt without a tokenizer",
-    "unknown flag",
+    "unknown flag", "config.json that is not an object", "config.json with zero heads",
+    "safetensors header that is not an object", "safetensors entry without data_offsets",
+    "index whose weight_map is a list", "damaged tokenizer.json", "damaged tokenizer_config.json",
+    "chat template that does not compile", "chat with prompt ids", "reference without force",
+    "reference ids outside the vocabulary", "context beyond the model's positions", "dump-logits into a directory",
 ]
 
 
@@ -291,9 +361,12 @@ def test_bad_input_one_line_and_exit_code(capsys, tmp_path, byte_fx, case):
     (["plan", "--config", "/nonexistent/config.json"], 2, "no such file"),
     (["plan", "--model", "/nonexistent/dir"], 2, "no such directory"),
     (["plan", "--config", "CFG", "--context", 0], 2, "--context"),
+    (["plan", "--config", "CFG", "--context", 10 ** 9], 2, "max_position_embeddings"),
+    (["plan", "--config", "DIR"], 2, "is a directory"),
+    (["plan", "--config", "CFG", "--model", "DIR"], 2, "not both"),
 ])
 def test_plan_bad_input(capsys, byte_fx, argv, code, word):
-    argv = [byte_fx / "config.json" if a == "CFG" else a for a in argv]
+    argv = [byte_fx / "config.json" if a == "CFG" else byte_fx if a == "DIR" else a for a in argv]
     rc, out, err = cli(capsys, *argv)
     assert rc == code and out == ""
     assert err.startswith("verispec: error: ") and len(err.strip().splitlines()) == 1
@@ -314,11 +387,54 @@ def test_installed_console_script(tmp_path, ids_fx):
     assert "[verispec]" in r.stderr
 
 
-def test_context_is_capped_at_the_model_positions(tmp_path):
+def test_context_stays_within_the_model_positions(tmp_path):
+    """The default context is capped at max_position_embeddings; a larger --context is a usage
+    error, never silently shortened (a later "exceeds the context" would name another number)."""
     from verispec.config import RunSettings
     from verispec.engine import Engine
+    from verispec.errors import UsageError
     from model_fixtures import fixture_dir
 
     eng = Engine(fixture_dir("qwen3_next", 0))
     limit = eng.args.max_position_embeddings
-    assert eng.context_for(10, RunSettings(max_tokens=5, context=limit * 4)) == limit
+    assert eng.context_for(10, RunSettings(max_tokens=5, context=limit)) == limit
+    assert eng.context_for(limit - 20, RunSettings(max_tokens=12)) == limit     # need + 8 verify rows, capped
+    with pytest.raises(UsageError, match="max_position_embeddings"):
+        eng.context_for(10, RunSettings(max_tokens=5, context=limit * 4))
+
+
+def test_dump_logits_is_written_where_named(capsys, tmp_path, byte_fx):
+    target = tmp_path / "logits-without-suffix"
+    rc, out, err = cli(capsys, "run", "hi", "--model", byte_fx, "--max-tokens", 4, "--dump-logits", target)
+    assert rc == 0, err
+    assert target.is_file() and not (tmp_path / "logits-without-suffix.npy").exists()
+    vocab = json.loads((byte_fx / "config.json").read_text())["vocab_size"]
+    assert np.load(target).shape == (4, vocab)
+
+
+def test_a_reader_that_closes_stdout_early_is_not_an_error(tmp_path, byte_fx):
+    """`verispec run ... | head`: the pipe is closed before the text is written (here, before the model
+    has even loaded), so the write fails with EPIPE; the run still exits 0 and reports on stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "verispec.cli", "run", "hi", "--model", str(byte_fx),
+                             "--max-tokens", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert "BrokenPipe" not in err and "error" not in err
+    assert "[verispec] 4 tokens" in err
+
+
+def test_serve_port_in_use_and_bad_context_are_one_line(capsys, byte_fx):
+    import socket
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rc, out, err = cli(capsys, "serve", "--model", byte_fx, "--port", port)
+        assert rc == 1 and err.startswith("verispec: error: cannot listen on 127.0.0.1:") and len(err.splitlines()) == 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for context in (0, 10 ** 6):
+        rc, out, err = cli(capsys, "serve", "--model", byte_fx, "--port", port, "--context", context)
+        assert rc == 2 and "--context must be 2.." in err and len(err.splitlines()) == 1, err

@@ -8,6 +8,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from verispec.errors import VerispecError
 from verispec.sampling import SamplingParams, _keep, logprob_of, pick, top_logprobs, uniform
 
 
@@ -82,7 +83,7 @@ def test_greedy_matches_argmax_random():
 
 
 def test_bad_logits_raise():
-    with pytest.raises(ValueError):
+    with pytest.raises(VerispecError, match="NaN.*damaged"):     # one clear line at the CLI, exit 1
         pick(torch.tensor([0.0, float("nan")]), 0, SamplingParams())
     with pytest.raises(ValueError):
         pick(torch.zeros(2, 3), 0, SamplingParams())

@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="memory plan: weights, KV cache, copy slots, MTP head")
     p.add_argument("--model", default=None)
     p.add_argument("--config", default=None, help="a config.json instead of a model directory")
-    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--context", type=int, default=None, help="KV cache length (default: the model's, at most 4096)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="the layout to plan for: cpu (fp32) or cuda (bf16 weights, KV and conv; fp32 DeltaNet state)")
     p.add_argument("--json", action="store_true")
@@ -152,12 +152,16 @@ def cmd_run(a: argparse.Namespace) -> int:
         raise UsageError(f"--threads must be >= 1, got {a.threads}")
     if a.mtp_vocab < 0:
         raise UsageError(f"--mtp-vocab must be >= 0 (0 = whole vocabulary), got {a.mtp_vocab}")
-    if a.dump_logits and not Path(a.dump_logits).resolve().parent.is_dir():
-        raise UsageError(f"--dump-logits {a.dump_logits}: its directory does not exist")
+    if a.dump_logits:
+        _check_writable(a.dump_logits)
     if a.threads:
         torch.set_num_threads(a.threads)
     if (a.prompt is None) == (a.prompt_ids is None):
         raise UsageError("give a PROMPT or --prompt-ids (exactly one)")
+    if a.chat and a.prompt_ids is not None:
+        raise UsageError("--chat wraps a text PROMPT in the chat template; it cannot take --prompt-ids")
+    if a.reference and not a.force:
+        raise UsageError("--reference is read only with --force (the forced drafts come from it)")
     try:
         sampling = SamplingParams(a.temperature, a.top_p, a.top_k, a.seed)
     except ValueError as e:
@@ -176,23 +180,53 @@ def cmd_run(a: argparse.Namespace) -> int:
         if a.chat:
             if eng.tokenizer is None or not eng.tokenizer.has_chat_template:
                 raise UsageError("--chat: this checkpoint has no chat template")
-            text = eng.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+            try:
+                text = eng.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+            except Exception as e:      # a template that does not compile, or raises for these messages
+                raise VerispecError(f"--chat: the checkpoint's chat template failed: {e}") from None
         prompt = eng.encode(text)
     if a.mtp == "on" and not eng.has_mtp:
         raise UsageError(f"--mtp on: {eng.path} has no MTP head (mtp.* tensors)")
+    if reference is not None:
+        try:
+            eng.check_ids(list(reference))
+        except UsageError as e:
+            raise UsageError(f"--reference {a.reference}: {e} (a reference from another model?)") from None
     res = eng.generate(prompt, settings, keep_logits=a.dump_logits is not None)
     if a.usage_save:
         eng.save_usage()
-    if a.dump_logits:
-        import numpy as np
-        np.save(a.dump_logits, torch.stack(res.logits).float().numpy())
-    if a.json:
-        print(json.dumps({"ids": res.ids, "text": res.text, "stats": res.stats}))
-    else:
-        print(res.text)
+    _print_stdout(json.dumps({"ids": res.ids, "text": res.text, "stats": res.stats}) if a.json else res.text)
     for line in report_lines(res.stats, gate_on=drafts.gate):
         print(line, file=sys.stderr)
+    if a.dump_logits:       # after the text: a failed write loses nothing else
+        import numpy as np
+        try:
+            with open(a.dump_logits, "wb") as f:     # the path as given (np.save would add .npy)
+                np.save(f, torch.stack(res.logits).float().numpy())
+        except OSError as e:
+            raise VerispecError(f"--dump-logits {a.dump_logits}: could not write it ({e.strerror})") from None
     return 0
+
+
+def _check_writable(path: str) -> None:
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"--dump-logits {path}: is a directory (give a file name, e.g. {p / 'logits.npy'})")
+    if not p.resolve().parent.is_dir():
+        raise UsageError(f"--dump-logits {path}: its directory does not exist")
+    import os
+    if not os.access(p.resolve().parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"--dump-logits {path}: not writable")
+
+
+def _print_stdout(text: str) -> None:
+    """stdout may be a pipe its reader closed (`| head`): that is not a failure of the run, and the
+    report lines on stderr still come."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
@@ -200,29 +234,40 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from .plan import describe, layout_of, plan
     from .weights import read_config
 
+    if a.config and a.model:
+        raise UsageError("give --model or --config, not both")
     if a.config:
+        if Path(a.config).is_dir():
+            raise UsageError(f"--config {a.config}: is a directory (give its config.json, or use --model)")
         try:
             cfg = json.loads(Path(a.config).read_text())
         except FileNotFoundError:
             raise UsageError(f"--config {a.config}: no such file") from None
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UsageError(f"--config {a.config}: not valid JSON ({e})") from None
+        if not isinstance(cfg, dict):
+            raise UsageError(f"--config {a.config}: not a JSON object")
     else:
         cfg = read_config(_model_dir(a.model))
-    if a.context < 1:
+    if a.context is not None and a.context < 1:
         raise UsageError(f"--context must be >= 1, got {a.context}")
     try:
         args = ModelArgs.from_dict(cfg)
     except KeyError as e:
         raise VerispecError(f"{a.config or a.model or 'config.json'}: lacks a required field {e}") from None
-    p = plan(args, a.context, layout_of(a.device))
+    if a.context is not None and a.context > args.max_position_embeddings:
+        raise UsageError(f"--context {a.context} exceeds the model's max_position_embeddings "
+                         f"({args.max_position_embeddings})")
+    p = plan(args, a.context or min(4096, args.max_position_embeddings), layout_of(a.device))
     print(json.dumps(p) if a.json else describe(p))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # --debug is taken anywhere on the line (README: before the subcommand); it only adds tracebacks
     debug = "--debug" in argv
+    argv = [x for x in argv if x != "--debug"]
     try:
         a = build_parser().parse_args(argv)
         if a.cmd == "run":
@@ -233,7 +278,11 @@ def main(argv: list[str] | None = None) -> int:
             from .bench_cmd import run_bench
             return run_bench(a)
         if a.cmd == "serve":
-            from .server import serve
+            try:
+                from .server import serve
+            except ImportError as e:
+                raise VerispecError(f"verispec serve needs the server extras ({e.name} is missing): "
+                                    "pip install -e '.[serve]'") from None
             return serve(a)
         if a.cmd == "fixture":
             from .fixture import main_fixture
@@ -241,14 +290,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except VerispecError as e:
         if debug:
-            raise
+            import traceback
+            traceback.print_exc()
         print(f"verispec: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # a bug or an environment failure: still one line
         if debug:
-            raise
+            import traceback
+            traceback.print_exc()
+            return 1
         print(f"verispec: error: {type(e).__name__}: {e} (rerun with --debug for a traceback)", file=sys.stderr)
         return 1
 

@@ -89,6 +89,8 @@ class Engine:
     def context_for(self, prompt_len: int, settings: RunSettings) -> int:
         need = prompt_len + settings.max_tokens
         limit = self.args.max_position_embeddings
+        if settings.context is not None and settings.context > limit:
+            raise UsageError(f"--context {settings.context} exceeds the model's max_position_embeddings ({limit})")
         # never allocate past the positions the model was trained for
         ctx = min(settings.context or need + VERIFY_ROWS, limit)
         if need > ctx:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import VerispecError
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -68,7 +70,8 @@ def pick(logits: torch.Tensor, position: int, params: SamplingParams) -> int:
     """
     _check_logits(logits)
     if torch.isnan(logits).any():
-        raise ValueError("logits contain NaN")
+        raise VerispecError("the model's logits contain NaN: the checkpoint's weights are likely damaged "
+                            "(NaN or Inf values)")
     if params.greedy:
         return int(torch.argmax(logits))  # torch returns the first maximal index
 

@@ -32,7 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .config import RunSettings
-from .errors import UsageError
+from .errors import UsageError, VerispecError
 from .sampling import SamplingParams
 from .tokenizer import StreamDecoder, Tokenizer
 
@@ -666,7 +666,10 @@ def build_server(a):
     eng = load_engine(model_dir, read_mtp=a.mtp != "off", usage_file=a.vocab_usage, device=a.device)
     if a.mtp == "on" and not eng.has_mtp:
         raise UsageError(f"--mtp on: {eng.path} has no MTP head (mtp.* tensors)")
-    context = a.context or min(eng.args.max_position_embeddings, 4096)
+    limit = eng.args.max_position_embeddings
+    if a.context is not None and not 2 <= a.context <= limit:
+        raise UsageError(f"--context must be 2..{limit} (the model's max_position_embeddings), got {a.context}")
+    context = a.context if a.context is not None else min(limit, 4096)
     session = Session(eng, drafts, context=context, pin_slots=a.pin_slots, prefill_batch=a.prefill_batch)
     app = create_app(session, a.model_name or model_dir.resolve().name, eng.tokenizer, queue_size=a.queue,
                      save_usage=a.usage_save)
@@ -675,15 +678,36 @@ def build_server(a):
     return uvicorn.Server(config)
 
 
+def _listen(host: str, port: int):
+    """The server's socket, bound before the model loads: a port in use is one clear line."""
+    import socket
+
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be 0..65535, got {port}")
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as e:
+        raise UsageError(f"--host {host}: {e.strerror}") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise VerispecError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    return sock
+
+
 def serve(a) -> int:
     """Run until SIGTERM/SIGINT: stop accepting, finish the open requests, save the counts, exit 0."""
     import signal
 
+    sock = _listen(a.host, a.port)
     server = build_server(a)
-    print(f"[verispec] listening on http://{a.host}:{a.port}", file=sys.stderr, flush=True)
+    print(f"[verispec] listening on http://{a.host}:{sock.getsockname()[1]}", file=sys.stderr, flush=True)
     # uvicorn re-raises the signal it caught once it has shut down; with this handler in place
     # that re-raise is a no-op and the process exits 0 after a clean shutdown.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    server.run(sockets=[sock])
     return 0 if server.started else 1

@@ -12,15 +12,22 @@ from typing import Any
 
 import tokenizers
 
+from .errors import ModelFormatError
+
 REPLACEMENT = "\ufffd"  # what a decoder produces for bytes that are not (yet) valid UTF-8
 
 
 def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    return data if isinstance(data, dict) else {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelFormatError(f"{path} is damaged: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ModelFormatError(f"{path} is damaged: not a JSON object")
+    return data
 
 
 def _token_content(tok: Any) -> str | None:
@@ -61,7 +68,10 @@ class Tokenizer:
         d = Path(model_dir)
         if not (d / "tokenizer.json").is_file():
             return None
-        tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+        try:
+            tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
+        except Exception as e:       # the Rust library's own exception type
+            raise ModelFormatError(f"{d / 'tokenizer.json'} is damaged: {e}") from None
         tcfg = _read_json(d / "tokenizer_config.json")
         special = {}
         for name in ("bos_token", "eos_token", "pad_token", "unk_token"):

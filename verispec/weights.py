@@ -43,9 +43,12 @@ def read_config(model_dir: Path) -> dict:
     if not cfg_path.exists():
         raise ModelFormatError(f"{model_dir} has no config.json: not an HF model directory")
     try:
-        return json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
+        cfg = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelFormatError(f"{cfg_path} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ModelFormatError(f"{cfg_path} is damaged: not a JSON object")
+    return cfg
 
 
 def _shard_files(model_dir: Path) -> list[Path]:
@@ -53,8 +56,10 @@ def _shard_files(model_dir: Path) -> list[Path]:
     if index.exists():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise ModelFormatError(f"{index} is damaged: {e}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+            raise ModelFormatError(f"{index} is damaged: {e!r}") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ModelFormatError(f"{index} is damaged: weight_map is not an object of tensor -> file name")
         files = sorted(set(weight_map.values()))
         missing = [f for f in files if not (model_dir / f).exists()]
         if missing:
@@ -82,11 +87,16 @@ def _check_safetensors(path: Path) -> None:
             header = json.loads(f.read(header_len))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ModelFormatError(f"{path} is damaged: its header is not JSON") from None
+    if not isinstance(header, dict):
+        raise ModelFormatError(f"{path} is damaged: its header is not a JSON object")
     end = 0
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        end = max(end, meta["data_offsets"][1])
+        offsets = meta.get("data_offsets") if isinstance(meta, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(x, int) for x in offsets)):
+            raise ModelFormatError(f"{path} is damaged: tensor {name!r} has no valid data_offsets in its header")
+        end = max(end, offsets[1])
     if 8 + header_len + end > size:
         raise ModelFormatError(
             f"{path} is truncated: {size} bytes on disk, {8 + header_len + end} expected"

@@ -64,6 +64,8 @@ class ModelArgs:
 
     @staticmethod
     def from_dict(cfg: dict) -> "ModelArgs":
+        if not isinstance(cfg, dict):
+            raise ModelFormatError("config.json is not a JSON object")
         family = cfg.get("model_type", "")
         if family not in FAMILIES:
             raise ModelFormatError(
@@ -81,6 +83,10 @@ class ModelArgs:
         if cfg.get("hidden_act", "silu") != "silu":
             raise ModelFormatError(f"hidden_act {cfg['hidden_act']!r} is not supported (silu only)")
         n_layers = cfg["num_hidden_layers"]
+        for name in ("num_hidden_layers", "num_attention_heads", "hidden_size"):    # used before _checked
+            v = cfg[name]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ModelFormatError(f"config.json: {name} must be a positive integer, got {v!r}")
         layer_types = cfg.get("layer_types")
         if layer_types is None:
             interval = cfg.get("full_attention_interval", 4)
@@ -122,7 +128,29 @@ class ModelArgs:
             tie_word_embeddings=bool(top.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
             mtp_layers=int(mtp),
             eos_token_id=eos,
-        )
+        )._checked()
+
+    def _checked(self) -> "ModelArgs":
+        """Sizes a model cannot have are a damaged config, said before anything is allocated."""
+        positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                    "head_dim", "max_position_embeddings", "linear_conv_kernel_dim", "linear_key_head_dim",
+                    "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads")
+        for name in positive:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ModelFormatError(f"config.json: {name} must be a positive integer, got {v!r}")
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+                     "intermediate_size", "mtp_layers"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ModelFormatError(f"config.json: {name} must be an integer >= 0, got {v!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ModelFormatError(f"config.json: num_experts_per_tok {self.num_experts_per_tok} exceeds "
+                                   f"num_experts {self.num_experts}")
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ModelFormatError(f"config.json: {len(self.layer_types)} layer_types for "
+                                   f"{self.num_hidden_layers} layers")
+        return self
 
     def is_moe(self, layer: int) -> bool:
         return (layer not in self.mlp_only_layers and self.num_experts > 0
