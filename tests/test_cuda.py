@@ -469,3 +469,29 @@ def test_matrix_on_fixtures(family):
     eng = Engine(fixture_dir(family, 0, mtp=True), device="cuda")
     assert eng.model.embed.is_cuda
     assert check_matrix(eng, REPEAT_PROMPT, 32) > 60
+
+
+def test_cli_run_on_cuda_dumps_logits_and_drafts_change_nothing(tmp_path, capsys):
+    """`verispec run --device cuda`: --dump-logits writes the GPU's logits (they live on the device),
+    and a run with lookup drafts gives the plain run's ids and the same logits bit for bit."""
+    import json
+
+    import numpy as np
+
+    from verispec.cli import main
+
+    fx = fixture_dir("qwen3_next", 2, vocab_size=40)
+    ids = ",".join(map(str, REPEAT_PROMPT))
+    got = {}
+    for arm, flags in (("plain", ["--lookup", "off"]), ("lookup", ["--lookup", "on", "--gate", "off"])):
+        dump = tmp_path / arm
+        capsys.readouterr()
+        rc = main(["run", "--prompt-ids", ids, "--model", str(fx), "--device", "cuda", "--max-tokens", "40",
+                   "--json", "--dump-logits", str(dump), *flags])
+        out, err = capsys.readouterr()
+        assert rc == 0, err
+        got[arm] = (json.loads(out), np.load(dump))
+        assert got[arm][1].shape == (40, 40) and got[arm][1].dtype == np.float32
+    (p, pl), (d, dl) = got["plain"], got["lookup"]
+    assert d["ids"] == p["ids"] and np.array_equal(dl, pl)
+    assert d["stats"]["verifies"] > 0

@@ -317,10 +317,13 @@ def test_a_client_leaving_a_non_streamed_request_stops_it(tmp_path):
     tokens keep coming, stops the turn at the next token and counts the disconnect."""
     with serving(tmp_path, *PLAIN) as s:
         before = s.metrics()
-        with pytest.raises(httpx.ReadTimeout):
+        try:
             httpx.post(s.base + "/v1/completions", json={"model": s.model, "prompt": REPEAT_PROMPT,
                                                          "max_tokens": 1000, "temperature": 0},
                        timeout=httpx.Timeout(60, read=0.5))
+            pytest.skip("1000 tokens came back within the client's 0.5 s here (a GPU?): nothing to leave")
+        except httpx.ReadTimeout:
+            pass
         s.idle()
         m = _delta(s.metrics(), before)
         assert m["verispec_cancelled_total"] == 1 and m["verispec_client_disconnects_total"] == 1
@@ -335,9 +338,12 @@ def test_a_queued_stream_whose_client_left_is_skipped_and_counted(tmp_path):
         running = s.client.completions.create(model=s.model, prompt=REPEAT_PROMPT, max_tokens=1000,
                                               temperature=0, stream=True)
         next(iter(running))
-        with pytest.raises(httpx.ReadTimeout):       # waits behind the running one, then gives up
+        try:                                          # waits behind the running one, then gives up
             httpx.post(s.base + "/v1/completions", json={"model": s.model, "prompt": "hi", "max_tokens": 5,
                                                          "stream": True}, timeout=httpx.Timeout(60, read=0.5))
+            pytest.skip("1000 tokens were done within 0.5 s here (a GPU?): the second request never waited")
+        except httpx.ReadTimeout:
+            pass
         time.sleep(1.2)                               # the server notices within a second
         running.close()
         s.idle()

@@ -202,7 +202,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         import numpy as np
         try:
             with open(a.dump_logits, "wb") as f:     # the path as given (np.save would add .npy)
-                np.save(f, torch.stack(res.logits).float().numpy())
+                np.save(f, torch.stack(res.logits).float().cpu().numpy())
         except OSError as e:
             raise VerispecError(f"--dump-logits {a.dump_logits}: could not write it ({e.strerror})") from None
     return 0
