@@ -7,7 +7,6 @@ logprobs, finish reasons, prefix reuses and pin restores.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import json
 import os
@@ -24,9 +23,10 @@ import openai
 import pytest
 
 from model_fixtures import REPEAT_PROMPT, fixture_dir
+from utf8_ref import char_of_byte
 from verispec.cli import build_parser
 from verispec.drafts.vocab import VocabList
-from verispec.server import build_server
+from verispec.serve_cli import build_server
 
 FIXTURE = dict(family="qwen3_next", seed=0, mtp=True, byte_tokenizer=True, aligned_head=True)
 DRAFTED = ["--lookup", "on", "--mtp", "on", "--mtp-drafts", "2", "--gate", "off", "--mtp-vocab", "0"]
@@ -356,25 +356,6 @@ def test_a_queued_stream_whose_client_left_is_skipped_and_counted(tmp_path):
 
 # ----------------------------------------------------------------------------- logprobs' text offsets
 
-def _char_of_byte(b: bytes) -> list[int]:
-    """For each byte of b, the index of the character it belongs to in b.decode("utf-8", "replace")
-    (an invalid sequence is one U+FFFD per maximal part, as the decoder reports them)."""
-    bad = {}
-
-    def note(e):
-        bad[e.start] = e.end
-        return "\ufffd", e.end
-    codecs.register_error("verispec-test-note", note)
-    text = b.decode("utf-8", "verispec-test-note")
-    out, j, c = [], 0, 0
-    while j < len(b):
-        end = bad.get(j) or j + (1 if b[j] < 0x80 else 2 if b[j] < 0xE0 else 3 if b[j] < 0xF0 else 4)
-        out += [c] * (end - j)
-        j, c = end, c + 1
-    assert c == len(text)
-    return out
-
-
 def _token_bytes(label: str) -> bytes:
     return bytes.fromhex(label[6:].replace("\\x", "")) if label.startswith("bytes:") else label.encode()
 
@@ -392,7 +373,7 @@ def test_completion_text_offsets_index_the_prompt_and_text(tmp_path):
         b = b"".join(raw)
         assert b.decode("utf-8", "replace") == c["text"]
         assert sum(t.startswith("bytes:") for t in lp["tokens"]) >= 5 and len(c["text"]) < len(b)
-        where = _char_of_byte(b)
+        where = char_of_byte(b)
         firsts = [sum(len(x) for x in raw[:i]) for i in range(len(raw))]
         assert lp["text_offset"] == [len(prompt) + where[f] for f in firsts]
         streamed = []

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verispec.fixture import BYTE_VOCAB, CHATML_TEMPLATE, write_byte_tokenizer
+from utf8_ref import char_of_byte
 from verispec.tokenizer import StreamDecoder, Tokenizer
 
 SAMPLE = (
@@ -118,6 +119,30 @@ def _stream(tok, ids, skip=False):
     sd = StreamDecoder(tok, skip_special_tokens=skip)
     pieces = [sd.push(i) for i in ids]
     return pieces, sd.flush()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40) | st.text(max_size=12).map(lambda x: x.encode("utf-8")[:-1]))
+def test_held_chars_put_each_token_where_its_character_begins(byte_tok, data):
+    """Before each byte token is pushed, the text out so far plus held_chars is the index of the
+    character that byte belongs to in the whole stream's decoded text (broken, completed and
+    unfinished sequences alike)."""
+    sd, out = StreamDecoder(byte_tok), ""
+    where = char_of_byte(data)
+    for i, b in enumerate(data):
+        assert len(out) + sd.held_chars(b) == where[i], (data, i)
+        out += sd.push(b)
+
+
+def test_held_chars_cases(byte_tok):
+    cases = [(b"\xe4\xbd", 0xA0, 0),     # completes the character the held bytes began
+             (b"\xe9", ord("G"), 1),       # breaks a held sequence: it becomes one U+FFFD first
+             (b"\xf0\x9f", 0x98, 0),      # continues it, still unfinished
+             (b"", ord("a"), 0)]
+    for held, nxt, want in cases:
+        sd = StreamDecoder(byte_tok)
+        assert all(sd.push(b) == "" for b in held)
+        assert sd.held_chars(nxt) == want, (held, nxt)
 
 
 @pytest.mark.parametrize("which", ["byte_tok", "bpe_tok"])

@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_bench(a)
         if a.cmd == "serve":
             try:
-                from .server import serve
+                from .serve_cli import serve
             except ImportError as e:
                 raise VerispecError(f"verispec serve needs the server extras ({e.name} is missing): "
                                     "pip install -e '.[serve]'") from None

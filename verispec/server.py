@@ -12,7 +12,6 @@ Errors use OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import json
 import math
 import sys
@@ -32,9 +31,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .config import RunSettings
-from .errors import UsageError, VerispecError
+from .errors import UsageError
 from .sampling import SamplingParams
 from .tokenizer import StreamDecoder, Tokenizer
+from .tokenizer import token_bytes as _token_bytes
 
 MAX_TOP_LOGPROBS = 20
 # Fields a client may send that change nothing here. Every other field we do not model is
@@ -152,25 +152,8 @@ class _Text:
         return self._emit(final=False)
 
     def begins_at(self, tok: int) -> int:
-        """Where the text of `tok`, pushed next, begins in self.text: after the text out so far
-        and the characters that the held bytes (an incomplete UTF-8 sequence) become before it;
-        a token that completes a held character begins where that character does."""
-        at = len(self.text)
-        held = self.dec.unread
-        if not held:
-            return at
-        parts = [_token_bytes(self.dec._tokenizer, t) for t in held + [tok]]
-        if any(b is None for b in parts):         # not byte-level: the text out so far
-            return at
-        d = codecs.getincrementaldecoder("utf-8")("replace")
-        at += len(d.decode(bytes(sum(parts[:-1], []))))     # characters complete within the held bytes
-        tail = d.getstate()[0]
-        if tail:
-            nxt = tail + bytes(parts[-1][:1])
-            if codecs.getincrementaldecoder("utf-8")("replace").decode(nxt).startswith("\ufffd") and \
-                    not nxt.startswith(b"\xef\xbf\xbd"):
-                at += 1       # the token breaks the held sequence: that becomes one U+FFFD before the token
-        return at
+        """Where the text of `tok`, pushed next, begins in self.text."""
+        return len(self.text) + self.dec.held_chars(tok)
 
     def flush(self) -> str:
         if not self.stopped:
@@ -289,9 +272,11 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
             raise APIError(400, f"n must be 1 (one choice per request), got {req.n}", "n")
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "stream_options needs stream: true", "stream_options")
-        for key in (req.stream_options.model_extra or {}) if req.stream_options is not None else ():
-            raise APIError(400, f"unsupported parameter 'stream_options.{key}': stream_options takes include_usage",
-                           f"stream_options.{key}", "unsupported_parameter")
+        extra = req.stream_options.model_extra if req.stream_options is not None else None
+        unknown = [k for k, v in (extra or {}).items() if v is not None and v is not False]
+        if unknown:
+            raise APIError(400, f"unsupported parameter 'stream_options.{unknown[0]}': stream_options takes "
+                           "include_usage", f"stream_options.{unknown[0]}", "unsupported_parameter")
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if any(s == "" for s in stops) or len(stops) > 16:
             raise APIError(400, "stop: at most 16 non-empty strings", "stop")
@@ -352,7 +337,7 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
         events: asyncio.Queue = asyncio.Queue()
         text = _Text(tokenizer, eos, turn.stop) if tokenizer else None
         held: list = []           # (logprob entry, start in the text) of tokens whose text is not out yet
-        plain = [0]               # no tokenizer: the text's length so far (ids as "id ")
+        plain = 0                 # no tokenizer: the text's length so far (ids as "id ")
 
         def put(ev):
             try:
@@ -361,16 +346,17 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
                 turn.cancelled.set()
 
         def on_token(tok: int, entry):
+            nonlocal plain
             if turn.cancelled.is_set():
                 return False
-            start = text.begins_at(tok) if text else plain[0]
+            start = text.begins_at(tok) if text else plain
             delta = text.push(tok) if text else f"{tok} "
-            plain[0] += len(delta)
+            plain += len(delta)
             if entry is not None and tok not in eos:
                 held.append((entry, start))
             # a token's entry goes out with the first of its text (a text held back because it may
             # start a stop string holds its tokens too); past a stop, the text's end
-            sent = text.sent if text else plain[0]
+            sent = text.sent if text else plain
             ready = [pair for pair in held if pair[1] < sent]
             if delta or ready or (text and text.stopped):
                 put(("delta", delta, ready))
@@ -413,14 +399,15 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
         base = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": model_name}
 
-        checked = [time.monotonic()]
+        checked = time.monotonic()
 
         async def next_event():
             # notice a client that went away (its turn is then skipped or stopped at the next
             # token), at most every 0.5 s, also while tokens keep coming
+            nonlocal checked
             while True:
-                if time.monotonic() - checked[0] >= 0.5:
-                    checked[0] = time.monotonic()
+                if time.monotonic() - checked >= 0.5:
+                    checked = time.monotonic()
                     if await request.is_disconnected():
                         turn.cancelled.set()
                 try:
@@ -546,7 +533,8 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
         settings = settings_for(req, prompt, req.max_tokens)
         # text_offset counts from the prompt's start, as OpenAI's does (ids: their decoded text)
         base = len(p) if isinstance(p, str) else (
-            len(tokenizer.decode(prompt)) if tokenizer is not None and req.logprobs is not None else 0)
+            len(await run_in_threadpool(tokenizer.decode, prompt)) if tokenizer is not None and
+            req.logprobs is not None else 0)
         turn = Turn(prompt, settings, req.logprobs, req.pin, _stops(req.stop), text_offset=base)
         return await respond(request, turn, False, req.stream,
                              bool(req.stream_options and req.stream_options.include_usage))
@@ -572,32 +560,6 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
     return app
 
 
-def _byte_decoder() -> dict[str, int]:
-    # GPT-2's byte-level alphabet (the ByteLevel pre-tokenizer of `tokenizers`): char -> byte
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
-        list(range(ord("\xae"), ord("\xff") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
-_BYTE_DECODER = _byte_decoder()
-
-
-def _token_bytes(tokenizer: Tokenizer, t: int) -> list[int] | None:
-    """A token's bytes: its piece through the byte-level alphabet when it is written in it,
-    else its text's UTF-8; None when neither says (a piece of a byte-fallback model, say)."""
-    piece = tokenizer._tok.id_to_token(t)
-    if piece is not None and piece and all(c in _BYTE_DECODER for c in piece) and tokenizer.token_to_id(piece) == t:
-        special = tokenizer.decode([t]) == piece       # an added token is its own text
-        if not special:
-            return [_BYTE_DECODER[c] for c in piece]
-    s = tokenizer.decode([t])
-    return None if "\ufffd" in s else list(s.encode("utf-8"))
 
 
 def _stops(stop) -> list[str]:
@@ -634,80 +596,3 @@ def _prometheus(metrics: dict[str, Any]) -> list[str]:
         lines += [f"# HELP {name} {_HELP.get(key, key.replace('_', ' ') + '.')}", f"# TYPE {name} counter"]
         lines += [f"{n} {v:g}" if isinstance(v, float) and math.isfinite(v) else f"{n} {v}" for n, v in samples]
     return lines
-
-
-# ----------------------------------------------------------------------------- verispec serve
-
-def build_server(a):
-    """The uvicorn.Server for `verispec serve` arguments (tests run it in a thread)."""
-    import uvicorn
-
-    from .cli import _model_dir
-    from .config import DraftSettings
-    from .engine import load_engine
-    from .session import Session
-
-    if a.port < 0 or a.port > 65535:
-        raise UsageError(f"--port must be 0..65535, got {a.port}")
-    if a.queue < 0:
-        raise UsageError(f"--queue must be >= 0, got {a.queue}")
-    if a.pin_slots < 0:
-        raise UsageError(f"--pin-slots must be >= 0, got {a.pin_slots}")
-    if a.mtp_vocab < 0:
-        raise UsageError(f"--mtp-vocab must be >= 0 (0 = whole vocabulary), got {a.mtp_vocab}")
-    if a.threads is not None:
-        if a.threads < 1:
-            raise UsageError(f"--threads must be >= 1, got {a.threads}")
-        import torch
-        torch.set_num_threads(a.threads)
-    drafts = DraftSettings(lookup=a.lookup, lookup_drafts=a.lookup_drafts, mtp=a.mtp, mtp_drafts=a.mtp_drafts,
-                           mtp_pstep=a.mtp_pstep, mtp_vocab=a.mtp_vocab, gate=a.gate)
-    model_dir = _model_dir(a.model)
-    eng = load_engine(model_dir, read_mtp=a.mtp != "off", usage_file=a.vocab_usage, device=a.device)
-    if a.mtp == "on" and not eng.has_mtp:
-        raise UsageError(f"--mtp on: {eng.path} has no MTP head (mtp.* tensors)")
-    limit = eng.args.max_position_embeddings
-    if a.context is not None and not 2 <= a.context <= limit:
-        raise UsageError(f"--context must be 2..{limit} (the model's max_position_embeddings), got {a.context}")
-    context = a.context if a.context is not None else min(limit, 4096)
-    session = Session(eng, drafts, context=context, pin_slots=a.pin_slots, prefill_batch=a.prefill_batch)
-    app = create_app(session, a.model_name or model_dir.resolve().name, eng.tokenizer, queue_size=a.queue,
-                     save_usage=a.usage_save)
-    config = uvicorn.Config(app, host=a.host, port=a.port, log_level="warning", access_log=False,
-                            timeout_keep_alive=5, lifespan="on")
-    return uvicorn.Server(config)
-
-
-def _listen(host: str, port: int):
-    """The server's socket, bound before the model loads: a port in use is one clear line."""
-    import socket
-
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port must be 0..65535, got {port}")
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    except socket.gaierror as e:
-        raise UsageError(f"--host {host}: {e.strerror}") from None
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise VerispecError(f"cannot listen on {host}:{port}: {e.strerror}") from None
-    return sock
-
-
-def serve(a) -> int:
-    """Run until SIGTERM/SIGINT: stop accepting, finish the open requests, save the counts, exit 0."""
-    import signal
-
-    sock = _listen(a.host, a.port)
-    server = build_server(a)
-    print(f"[verispec] listening on http://{a.host}:{sock.getsockname()[1]}", file=sys.stderr, flush=True)
-    # uvicorn re-raises the signal it caught once it has shut down; with this handler in place
-    # that re-raise is a no-op and the process exits 0 after a clean shutdown.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
-    server.run(sockets=[sock])
-    return 0 if server.started else 1

@@ -208,10 +208,19 @@ class StreamDecoder:
     def ids(self) -> list[int]:
         return list(self._ids)
 
-    @property
-    def unread(self) -> list[int]:
-        """The ids pushed whose text is not out yet (held for an incomplete UTF-8 sequence)."""
-        return self._ids[self._read:]
+    def held_chars(self, token_id: int) -> int:
+        """How many characters the held ids (pushed, text not out yet: an incomplete UTF-8 sequence)
+        become before the text of `token_id`, pushed next; a token that completes or continues a
+        held character begins where that character does. 0 where the pieces are not byte-level."""
+        held = self._ids[self._read:]
+        if not held:
+            return 0
+        parts = [token_bytes(self._tokenizer, t) for t in held + [token_id]]
+        if any(not b for b in parts):
+            return 0
+        # every byte belongs to one character (a valid one, or one U+FFFD per maximal invalid part),
+        # and which one the token's first byte joins depends on nothing after it: it is the last
+        return len(bytes(sum(parts[:-1], []) + parts[-1][:1]).decode("utf-8", "replace")) - 1
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
@@ -233,3 +242,31 @@ class StreamDecoder:
         new_text = self._decode(self._ids[self._prefix :])
         self._prefix = self._read = len(self._ids)
         return new_text[len(prefix_text) :]
+
+
+def _byte_decoder() -> dict[str, int]:
+    # GPT-2's byte-level alphabet (the ByteLevel pre-tokenizer of `tokenizers`): char -> byte
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
+        list(range(ord("\xae"), ord("\xff") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+_BYTE_DECODER = _byte_decoder()
+
+
+def token_bytes(tokenizer: Tokenizer, t: int) -> list[int] | None:
+    """A token's bytes: its piece through the byte-level alphabet when it is written in it,
+    else its text's UTF-8; None when neither says (a piece of a byte-fallback model, say)."""
+    piece = tokenizer._tok.id_to_token(t)
+    if piece is not None and piece and all(c in _BYTE_DECODER for c in piece) and tokenizer.token_to_id(piece) == t:
+        special = tokenizer.decode([t]) == piece       # an added token is its own text
+        if not special:
+            return [_BYTE_DECODER[c] for c in piece]
+    s = tokenizer.decode([t])
+    return None if "\ufffd" in s else list(s.encode("utf-8"))

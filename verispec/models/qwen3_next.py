@@ -132,9 +132,10 @@ class ModelArgs:
 
     def _checked(self) -> "ModelArgs":
         """Sizes a model cannot have are a damaged config, said before anything is allocated."""
-        positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                    "head_dim", "max_position_embeddings", "linear_conv_kernel_dim", "linear_key_head_dim",
-                    "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads")
+        # (layers, heads and hidden size are checked in from_dict, before they are used)
+        positive = ("vocab_size", "num_key_value_heads", "head_dim", "max_position_embeddings",
+                    "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
+                    "linear_num_value_heads")
         for name in positive:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
