@@ -151,12 +151,24 @@ def test_sampling_flags(capsys, ids_fx):
     assert got[3] != greedy, "the temperature reaches the sampler"
 
 
-def test_prefill_batch_off_and_threads(capsys, ids_fx):
-    rc, out, err = cli(capsys, "run", "--prompt-ids", "1,2,3,4,5,6", "--model", ids_fx, "--max-tokens", 5,
-                       "--json", "--prefill-batch", "off", "--threads", 1, "--lookup", "off")
+def test_prefill_batch_off_and_threads(capsys, ids_fx, tmp_path):
+    """--prefill-batch off over a prompt of 40 ids (three exact forwards of up to 16 rows): the logits
+    with --threads 1 equal, bit for bit, those of the engine at torch's default thread count."""
+    import torch
+
+    prompt = [(7 * i + 3) % 1000 for i in range(40)]
+    threads = torch.get_num_threads()
+    ref = engine("qwen3_next").generate(prompt, plain(5, prefill_batch=False), keep_logits=True)
+    dump = tmp_path / "l.npy"
+    try:
+        rc, out, err = cli(capsys, "run", "--prompt-ids", ",".join(map(str, prompt)), "--model", ids_fx,
+                           "--max-tokens", 5, "--json", "--prefill-batch", "off", "--threads", 1, "--lookup", "off",
+                           "--dump-logits", dump)
+    finally:
+        torch.set_num_threads(threads)          # --threads sets it for this whole process
     assert rc == 0, err
-    ref = engine("qwen3_next").generate([1, 2, 3, 4, 5, 6], plain(5, prefill_batch=False))
     assert json.loads(out)["ids"] == ref.ids
+    assert np.array_equal(np.load(dump), np.stack([t.numpy() for t in ref.logits]))
 
 
 def test_mtp_checkpoint_loads_and_runs(capsys):

@@ -134,3 +134,19 @@ def test_prefill_batch_off_makes_a_turn_independent_of_the_history():
     ids, lps, stats = served(p3, 12)
     assert stats["pin_restored"] and stats["reused_tokens"] == len(p1)
     assert (ids, lps) == fresh(p3, 12)
+
+
+def test_prefill_off_in_row_blocks_equals_one_row_at_a_time():
+    """prefill_batch off feeds the prompt through the exact path 16 rows a forward; by row invariance
+    that is the state one row a forward gives: every decoded position's logits equal bit for bit."""
+    eng = engine("qwen3_next", 4, mtp=True, vocab_size=32, aligned_head=True)
+    prompt = (REPEAT_PROMPT * 3)[:45]                      # 16 + 16 + 13 rows
+    got = {}
+    for rows in (16, 1, 7):
+        dec = eng.new_decoder(plain_settings(10, prefill_batch=False), prompt)
+        dec.config.prefill_rows = rows
+        r = eng.generate(prompt, plain_settings(10, prefill_batch=False), decoder=dec, keep_logits=True)
+        got[rows] = (r.ids, r.logits)
+    for rows in (1, 7):
+        assert got[rows][0] == got[16][0]
+        assert all(torch.equal(a, b) for a, b in zip(got[rows][1], got[16][1])), rows

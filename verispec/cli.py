@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--top-k", type=int, default=0)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--context", type=int, default=None, help="KV cache length (default: prompt + max tokens)")
-    r.add_argument("--prefill-batch", type=_onoff, default=True, help="off: feed the prompt one row at a time")
+    r.add_argument("--prefill-batch", type=_onoff, default=True,
+                   help="off: feed the prompt through the exact path (the bits do not depend on threads)")
     r.add_argument("--force", default=None, help="test mode: accept|reject|mixed|cycle|rowN|bernoulli:P")
     r.add_argument("--reference", default=None, help="REF.json: the --json output of a plain run")
     r.add_argument("--json", action="store_true", help='stdout: {"ids", "text", "stats"}')

@@ -22,6 +22,7 @@ from typing import Callable, Protocol
 import torch
 
 from .models import ForwardOut, Model
+from .models.qwen3_next import EXACT_ROWS
 from .state import State
 from .stats import DecodeStats
 
@@ -47,6 +48,7 @@ class _Pending:
 @dataclass
 class DecoderConfig:
     prefill_batch: bool = True
+    prefill_rows: int = EXACT_ROWS     # prefill_batch off: rows an exact forward of the prompt takes
 
 
 @dataclass
@@ -73,7 +75,10 @@ class Decoder:
         if self.config.prefill_batch:
             out = self.model.forward(ids, self.state)
         else:
-            outs = [self.model.forward([tok], self.state, exact=True) for tok in ids]
+            # the exact path, as many rows a forward as a verify may take: row-invariant, so the bits
+            # are those of one row at a time (tests/test_session.py), at a fraction of the forwards
+            step = self.config.prefill_rows
+            outs = [self.model.forward(ids[i:i + step], self.state, exact=True) for i in range(0, len(ids), step)]
             out = ForwardOut(*(torch.cat([getattr(o, f) for o in outs]) for f in ("logits", "hidden", "hidden_pre")))
         self.stats.prefill_seconds += self.clock() - t0
         self.stats.prompt_tokens += len(ids)
