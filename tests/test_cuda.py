@@ -495,3 +495,20 @@ def test_cli_run_on_cuda_dumps_logits_and_drafts_change_nothing(tmp_path, capsys
     (p, pl), (d, dl) = got["plain"], got["lookup"]
     assert d["ids"] == p["ids"] and np.array_equal(dl, pl)
     assert d["stats"]["verifies"] > 0
+
+
+def test_prefill_off_in_row_blocks_on_cuda(real_shaped):
+    """--prefill-batch off on the GPU: the prompt through the graphed exact path, 16 rows a forward,
+    gives the state of one row a forward: every decoded position's logits equal bit for bit."""
+    from verispec.config import DraftSettings, RunSettings
+
+    prompt = (REPEAT_PROMPT * 3)[:45]                      # 16 + 16 + 13 rows
+    settings = RunSettings(max_tokens=8, prefill_batch=False, drafts=DraftSettings(lookup=False, mtp="off"))
+    got = {}
+    for rows in (16, 1):
+        dec = real_shaped.new_decoder(settings, prompt)
+        dec.config.prefill_rows = rows
+        r = real_shaped.generate(prompt, settings, decoder=dec, keep_logits=True)
+        got[rows] = (r.ids, r.logits)
+    assert got[1][0] == got[16][0]
+    assert all(torch.equal(a, b) for a, b in zip(got[1][1], got[16][1]))
