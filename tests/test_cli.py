@@ -450,3 +450,19 @@ def test_serve_port_in_use_and_bad_context_are_one_line(capsys, byte_fx):
     for context in (0, 10 ** 6):
         rc, out, err = cli(capsys, "serve", "--model", byte_fx, "--port", port, "--context", context)
         assert rc == 2 and "--context must be 2.." in err and len(err.splitlines()) == 1, err
+
+
+def test_serve_binds_and_listens_before_the_model_loads():
+    """Two servers started at once on one port: the second fails at its bind, one line (before, both
+    bound with SO_REUSEADDR and the clash came out of uvicorn as a traceback after the model loaded)."""
+    from verispec.errors import VerispecError
+    from verispec.serve_cli import _listen
+
+    first = _listen("127.0.0.1", 0)
+    try:
+        port = first[0].getsockname()[1]
+        with pytest.raises(VerispecError, match="cannot listen on 127.0.0.1:"):
+            _listen("127.0.0.1", port)
+    finally:
+        for sock in first:
+            sock.close()

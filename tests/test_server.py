@@ -270,6 +270,13 @@ def test_bad_input_gets_4xx_and_the_server_keeps_serving(tmp_path):
         r = s.client.chat.completions.create(model=s.model, messages=[{"role": "user", "content": "x"}],
                                              max_tokens=2, user="me", temperature=0)
         assert r.choices[0].finish_reason == "length"
+        # null is the default, as OpenAI takes it, for the fields that have one
+        for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": None,
+                                                     "n": None, "logprobs": None, "pin": None}),
+                           ("/v1/completions", {"prompt": "x", "stream": True,
+                                                "stream_options": {"include_usage": None, "include_obfuscation": False}})):
+            r = httpx.post(s.base + path, json=dict(body, model=s.model, max_tokens=2, temperature=0), timeout=60)
+            assert r.status_code == 200, (body, r.text)
 
 
 # ----------------------------------------------------------------------------- disconnect, queue

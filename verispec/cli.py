@@ -99,8 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--context", type=int, default=None, help="KV cache length (default: the model's, at most 4096)")
     s.add_argument("--queue", type=int, default=16, help="requests that may wait behind the running one (default 16)")
     s.add_argument("--prefill-batch", type=_onoff, default=True,
-                   help="off: feed prompts one row at a time through the exact path, so an answer does not depend "
-                        "on what the server served before (slower prompts)")
+                   help="off: feed prompts through the exact path (16 rows a forward), so an answer does not "
+                        "depend on what the server served before (slower prompts)")
     add_draft_args(s)
 
     b = sub.add_parser("bench", help="decode speed on random weights at a named shape (e.g. qwen3.6-35b-a3b-shape)")

@@ -72,6 +72,7 @@ def _listen(host: str, port: int) -> list:
             if fam == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(addr)
+            sock.listen(2048)     # now, not when uvicorn starts: a second server on this port fails here
     except OSError as e:
         for sock in socks:
             sock.close()
@@ -90,7 +91,8 @@ def serve(a) -> int:
         for sock in socks:
             sock.close()
         raise
-    print(f"[verispec] listening on http://{a.host}:{socks[0].getsockname()[1]}", file=sys.stderr, flush=True)
+    host = f"[{a.host}]" if ":" in a.host else a.host
+    print(f"[verispec] listening on http://{host}:{socks[0].getsockname()[1]}", file=sys.stderr, flush=True)
     # uvicorn re-raises the signal it caught once it has shut down; with this handler in place
     # that re-raise is a no-op and the process exits 0 after a clean shutdown.
     for sig in (signal.SIGTERM, signal.SIGINT):

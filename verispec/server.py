@@ -78,7 +78,7 @@ class _Strict(BaseModel):
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = False
+    include_usage: bool | None = False          # null: the default, as OpenAI takes it
 
 
 class _Common(_Strict):
@@ -89,10 +89,10 @@ class _Common(_Strict):
     top_k: int | None = Field(None, ge=0)          # extension
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool | None = False                    # (null for these: their defaults)
     stream_options: StreamOptions | None = None
-    n: int = 1
-    pin: bool = False                              # extension
+    n: int | None = 1
+    pin: bool | None = False                       # extension
 
 
 class TextPart(BaseModel):
@@ -111,7 +111,7 @@ class Message(BaseModel):
 class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
@@ -268,7 +268,7 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
         if req.model is not None and req.model != model_name:
             raise APIError(404, f"model {req.model!r} is not served here (this server serves {model_name!r})",
                            "model", "model_not_found")
-        if req.n != 1:
+        if req.n not in (None, 1):
             raise APIError(400, f"n must be 1 (one choice per request), got {req.n}", "n")
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "stream_options needs stream: true", "stream_options")
@@ -512,8 +512,8 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
             raise APIError(400, f"the chat template refused the messages: {e}", "messages") from None
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         turn = Turn(prompt, settings_for(req, prompt, max_tokens),
-                    (req.top_logprobs or 0) if req.logprobs else None, req.pin, _stops(req.stop))
-        return await respond(request, turn, True, req.stream,
+                    (req.top_logprobs or 0) if req.logprobs else None, bool(req.pin), _stops(req.stop))
+        return await respond(request, turn, True, bool(req.stream),
                              bool(req.stream_options and req.stream_options.include_usage))
 
     @app.post("/v1/completions")
@@ -535,8 +535,8 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
         base = len(p) if isinstance(p, str) else (
             len(await run_in_threadpool(tokenizer.decode, prompt)) if tokenizer is not None and
             req.logprobs is not None else 0)
-        turn = Turn(prompt, settings, req.logprobs, req.pin, _stops(req.stop), text_offset=base)
-        return await respond(request, turn, False, req.stream,
+        turn = Turn(prompt, settings, req.logprobs, bool(req.pin), _stops(req.stop), text_offset=base)
+        return await respond(request, turn, False, bool(req.stream),
                              bool(req.stream_options and req.stream_options.include_usage))
 
     @app.get("/v1/models")
