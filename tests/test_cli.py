@@ -376,13 +376,39 @@ def test_bad_input_one_line_and_exit_code(capsys, tmp_path, byte_fx, case):
     (["plan", "--config", "CFG", "--context", 10 ** 9], 2, "max_position_embeddings"),
     (["plan", "--config", "DIR"], 2, "is a directory"),
     (["plan", "--config", "CFG", "--model", "DIR"], 2, "not both"),
+    (["fixture", "--out", "DIR"], 2, "not empty"),
+    (["fixture", "--out", "CFG"], 2, "not a directory"),
+    (["fixture", "--out", ""], 2, "--out"),
+    (["fixture", "--out", "NEW", "--hidden-size", 0], 2, "--hidden-size"),
+    (["fixture", "--out", "NEW", "--layers", -1], 2, "--layers"),
+    (["fixture", "--out", "NEW", "--top-k", 9], 2, "--top-k"),
+    (["fixture", "--out", "NEW", "--weight-scale", "nan"], 2, "--weight-scale"),
+    (["fixture", "--out", "NEW", "--byte-tokenizer", "--vocab-size", 100], 2, "--vocab-size"),
+    (["bench", "--random-config", "small", "--tokens", 100000], 2, "--tokens"),
+    (["bench", "--random-config", "small", "--layers", 9], 2, "--layers"),
 ])
-def test_plan_bad_input(capsys, byte_fx, argv, code, word):
-    argv = [byte_fx / "config.json" if a == "CFG" else byte_fx if a == "DIR" else a for a in argv]
+def test_plan_fixture_bench_bad_input(capsys, byte_fx, tmp_path, argv, code, word):
+    """One line, the exit code, and nothing written or built: a fixture never goes into a directory
+    that has files (save_pretrained would replace a model's shards there)."""
+    before = sorted(p.name for p in byte_fx.iterdir())
+    argv = [byte_fx / "config.json" if a == "CFG" else byte_fx if a == "DIR" else tmp_path / "new" if a == "NEW"
+            else a for a in argv]
     rc, out, err = cli(capsys, *argv)
     assert rc == code and out == ""
     assert err.startswith("verispec: error: ") and len(err.strip().splitlines()) == 1
     assert word in err
+    assert sorted(p.name for p in byte_fx.iterdir()) == before and not (tmp_path / "new").exists()
+
+
+def test_plan_names_the_config_given(capsys, tmp_path):
+    bad = tmp_path / "mine.json"
+    cfg = json.loads((fixture_dir("qwen3_next") / "config.json").read_text())
+    bad.write_text(json.dumps(dict(cfg, hidden_size="big")))
+    rc, out, err = cli(capsys, "plan", "--config", bad)
+    assert rc == 1 and err.startswith(f"verispec: error: --config {bad}: hidden_size") and "config.json" not in err
+    bad.write_text(json.dumps({"hidden_size": 8}))
+    rc, out, err = cli(capsys, "plan", "--config", bad)
+    assert rc == 1 and "no model_type" in err
 
 
 def test_installed_console_script(tmp_path, ids_fx):

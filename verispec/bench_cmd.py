@@ -42,11 +42,21 @@ def _sync(eng: Engine) -> None:
         torch.cuda.synchronize()
 
 
+PROMPT_LEN = 32
+
+
 def run_bench(a) -> int:
     if a.tokens < 2 or a.rounds < 1:
         raise UsageError("--tokens must be >= 2 and --rounds >= 1")
     if a.layers is not None and a.layers < 1:
         raise UsageError(f"--layers must be >= 1, got {a.layers}")
+    full = preset_config(a.random_config)
+    if a.layers is not None and a.layers > full["num_hidden_layers"]:
+        raise UsageError(f"--layers {a.layers}: {a.random_config} has {full['num_hidden_layers']} layers")
+    if PROMPT_LEN + a.tokens > full["max_position_embeddings"]:      # said before a model is built
+        raise UsageError(f"--tokens must be at most {full['max_position_embeddings'] - PROMPT_LEN} for "
+                         f"{a.random_config} (a {PROMPT_LEN}-token prompt; the shape's context is "
+                         f"{full['max_position_embeddings']})")
     ex = Execution.for_device(a.device)
     cfg = preset_config(a.random_config, a.layers)
     t0 = time.perf_counter()
@@ -55,7 +65,7 @@ def run_bench(a) -> int:
     print(f"[verispec bench] {a.random_config} ({cfg['num_hidden_layers']} layers, {a.routing} routing) on "
           f"{ex.device} {str(ex.dtype).replace('torch.', '')}: built in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr)
-    prompt = [(i * 7919 + 13) % (cfg["vocab_size"] - 1) + 1 for i in range(32)]
+    prompt = [(i * 7919 + 13) % (cfg["vocab_size"] - 1) + 1 for i in range(PROMPT_LEN)]
     rates: dict[str, list[float]] = {k: [] for k in ARMS}
     equal = True
     for r in range(-1, a.rounds):                      # round -1 warms up (graph captures, compiles)
@@ -74,8 +84,8 @@ def run_bench(a) -> int:
                 plain = res
             else:
                 equal &= res.ids == plain.ids and all(torch.equal(x, y) for x, y in zip(res.logits, plain.logits))
-            if r >= 0:
-                rates[name].append(len(res.ids) / wall)
+            if r >= 0:      # decode tokens as `verispec run` counts them: the picks fed after the prompt
+                rates[name].append(res.stats["tokens"] / wall)
     med = {k: statistics.median(v) for k, v in rates.items()}
     out = {"config": a.random_config, "layers": cfg["num_hidden_layers"], "routing": a.routing,
            "device": ex.device, "tokens": a.tokens, "rounds": a.rounds, "tok_s": rates, "median_tok_s": med,

@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--top-p", type=float, default=1.0)
     r.add_argument("--top-k", type=int, default=0)
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--context", type=int, default=None, help="KV cache length (default: prompt + max tokens)")
+    r.add_argument("--context", type=int, default=None,
+                   help="KV cache length (default: prompt + max tokens + 8 verify rows, at most the model's maximum)")
     r.add_argument("--prefill-batch", type=_onoff, default=True,
                    help="off: feed the prompt through the exact path (the bits do not depend on threads)")
     r.add_argument("--force", default=None, help="test mode: accept|reject|mixed|cycle|rowN|bernoulli:P")
@@ -126,6 +127,9 @@ def _model_dir(arg: str | None) -> Path:
         return d
     d = default_model_dir()
     if not (d / "config.json").exists():
+        import os
+        if os.environ.get("VERISPEC_MODEL"):
+            raise UsageError(f"no --model given and VERISPEC_MODEL={d} names no model directory (no config.json)")
         raise UsageError(f"no --model given and the bundled model is not installed at {d}")
     return d
 
@@ -231,6 +235,7 @@ def _print_stdout(text: str) -> None:
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
+    from .errors import ModelFormatError
     from .models import ModelArgs
     from .plan import describe, layout_of, plan
     from .weights import read_config
@@ -256,6 +261,10 @@ def cmd_plan(a: argparse.Namespace) -> int:
         args = ModelArgs.from_dict(cfg)
     except KeyError as e:
         raise VerispecError(f"{a.config or a.model or 'config.json'}: lacks a required field {e}") from None
+    except ModelFormatError as e:
+        if not a.config:
+            raise
+        raise ModelFormatError(f"--config {a.config}: {str(e).removeprefix('config.json: ')}") from None
     if a.context is not None and a.context > args.max_position_embeddings:
         raise UsageError(f"--context {a.context} exceeds the model's max_position_embeddings "
                          f"({args.max_position_embeddings})")
@@ -301,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             import traceback
             traceback.print_exc()
+            print(f"verispec: error: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
         print(f"verispec: error: {type(e).__name__}: {e} (rerun with --debug for a traceback)", file=sys.stderr)
         return 1

@@ -266,7 +266,48 @@ def add_fixture_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lm-head-scale", type=float, default=DEFAULT_LM_HEAD_SCALE)
 
 
+def _check_args(a: argparse.Namespace) -> None:
+    """Bad flags are one line and exit 2 before anything is built or written; an existing
+    directory is never written into (save_pretrained would delete the shards of a model there)."""
+    import math
+    import os
+
+    from .errors import UsageError
+
+    for flag, v in (("--hidden-size", a.hidden_size), ("--layers", a.layers), ("--experts", a.experts),
+                    ("--top-k", a.top_k)):
+        if v < 1:
+            raise UsageError(f"{flag} must be >= 1, got {v}")
+    if a.top_k > a.experts:
+        raise UsageError(f"--top-k {a.top_k} exceeds --experts {a.experts}")
+    least = BYTE_VOCAB if a.byte_tokenizer else 1
+    if a.vocab_size is not None and a.vocab_size < least:
+        raise UsageError(f"--vocab-size must be >= {least}{' with --byte-tokenizer' if a.byte_tokenizer else ''}, "
+                         f"got {a.vocab_size}")
+    for flag, v in (("--weight-scale", a.weight_scale), ("--lm-head-scale", a.lm_head_scale)):
+        if not (math.isfinite(v) and v > 0):
+            raise UsageError(f"{flag} must be a positive number, got {v}")
+    if not a.out:
+        raise UsageError("--out: give a directory name")
+    out = Path(a.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {a.out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise UsageError(f"--out {a.out}: exists and is not empty (a fixture is written only into a new or empty "
+                         "directory: it would replace a model's files there)")
+    parent = next(p for p in (out.resolve(), *out.resolve().parents) if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise UsageError(f"--out {a.out}: cannot be written ({parent} is not a writable directory)")
+
+
 def main_fixture(args: argparse.Namespace) -> int:
+    _check_args(args)
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        from .errors import VerispecError
+        raise VerispecError("verispec fixture needs transformers (a test dependency): pip install -e '.[test]'") \
+            from None
     path = make_fixture(
         args.out,
         family=args.family,

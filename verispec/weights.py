@@ -42,6 +42,8 @@ def read_config(model_dir: Path) -> dict:
     cfg_path = model_dir / "config.json"
     if not cfg_path.exists():
         raise ModelFormatError(f"{model_dir} has no config.json: not an HF model directory")
+    if not cfg_path.is_file():
+        raise ModelFormatError(f"{cfg_path} is not a file")
     try:
         cfg = json.loads(cfg_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

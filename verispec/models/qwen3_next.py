@@ -67,6 +67,8 @@ class ModelArgs:
         if not isinstance(cfg, dict):
             raise ModelFormatError("config.json is not a JSON object")
         family = cfg.get("model_type", "")
+        if not family:
+            raise ModelFormatError(f"config.json has no model_type: verispec runs {', '.join(FAMILIES[:2])} configs")
         if family not in FAMILIES:
             raise ModelFormatError(
                 f"unsupported model family {family!r}: verispec runs {', '.join(FAMILIES[:2])}"
