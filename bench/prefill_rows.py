@@ -4,6 +4,10 @@ the default batched prefill (fast kernels, bits that may depend on the row count
 scale, on the bundled model.
 
     python bench/prefill_rows.py [--tokens 480] [--rounds 5] [--threads N]
+    python bench/prefill_rows.py --random-config qwen3.6-35b-a3b-shape --device cuda [--layers N]
+
+With --random-config: random weights at that shape (verispec/random_model.py) on --device, and a
+prompt of --tokens random ids.
 
 The prompt is the first --tokens ids of verispec/decoder.py's source (code, as the model was
 trained on). Arms are interleaved (A B A B ...) each round; a round's number is prompt tokens over
@@ -23,7 +27,9 @@ from pathlib import Path
 import torch
 
 from verispec.config import DraftSettings, RunSettings, default_model_dir
-from verispec.engine import load_engine
+from verispec.engine import Engine, load_engine
+from verispec.execution import Execution
+from verispec.random_model import preset_config, random_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,26 +39,38 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=480)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--random-config", default=None, help="a random-weight shape instead of the bundled model")
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefill_rows.json"))
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    eng = load_engine(default_model_dir(), device="cpu")
-    prompt = eng.encode((ROOT / "verispec" / "decoder.py").read_text())[:a.tokens]
+    if a.random_config:
+        cfg = preset_config(a.random_config, a.layers)
+        ex = Execution.for_device(a.device)
+        eng = Engine.from_checkpoint(random_checkpoint(cfg, seed=1, device=ex.device, dtype=ex.dtype), ex)
+        prompt = [(i * 7919 + 13) % (cfg["vocab_size"] - 1) + 1 for i in range(a.tokens)]
+    else:
+        eng = load_engine(default_model_dir(), device=a.device)
+        prompt = eng.encode((ROOT / "verispec" / "decoder.py").read_text())[:a.tokens]
     exact = RunSettings(max_tokens=1, prefill_batch=False, drafts=DraftSettings(lookup=False, mtp="off"))
     batched = RunSettings(max_tokens=1, prefill_batch=True, drafts=DraftSettings(lookup=False, mtp="off"))
     arms = {"exact, 1 row a forward": (exact, 1), "exact, 16 rows a forward": (exact, 16),
             "batched (the default)": (batched, None)}
     raw = {k: [] for k in arms}
-    for _ in range(a.rounds):
+    for r in range(-1, a.rounds):          # round -1 warms up (graph captures, kernel compiles): not kept
         for name, (settings, rows) in arms.items():
             dec = eng.new_decoder(settings, prompt)
             if rows is not None:
                 dec.config.prefill_rows = rows
             t = time.perf_counter()
             eng.generate(prompt, settings, decoder=dec)
-            raw[name].append(len(prompt) / (time.perf_counter() - t))
-    out = {"machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            if r >= 0:
+                raw[name].append(len(prompt) / (time.perf_counter() - t))
+    out = {"machine": (torch.cuda.get_device_name() if "cuda" in str(eng.model.embed.device)
+                       else platform.processor() or platform.machine()),
+           "model": a.random_config or "bundled", "layers": eng.args.num_hidden_layers, "threads": torch.get_num_threads(),
            "prompt_tokens": len(prompt), "rounds": a.rounds, "tok_s": raw,
            "date": time.strftime("%Y-%m-%d %H:%M")}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
