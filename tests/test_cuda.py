@@ -512,3 +512,16 @@ def test_prefill_off_in_row_blocks_on_cuda(real_shaped):
         got[rows] = (r.ids, r.logits)
     assert got[1][0] == got[16][0]
     assert all(torch.equal(a, b) for a, b in zip(got[1][1], got[16][1]))
+
+
+def test_prefill_batch_auto_is_the_exact_path_on_cuda(real_shaped):
+    """On CUDA the default prefill (auto) is the exact path in 16-row blocks: the same logits as
+    --prefill-batch off, bit for bit (and the prompt's split cannot move them)."""
+    from verispec.config import DraftSettings, RunSettings
+
+    assert real_shaped.prefill_batch(None) is False
+    prompt = (REPEAT_PROMPT * 3)[:40]
+    plain = DraftSettings(lookup=False, mtp="off")
+    auto = real_shaped.generate(prompt, RunSettings(max_tokens=6, drafts=plain), keep_logits=True)
+    off = real_shaped.generate(prompt, RunSettings(max_tokens=6, prefill_batch=False, drafts=plain), keep_logits=True)
+    assert auto.ids == off.ids and all(torch.equal(a, b) for a, b in zip(auto.logits, off.logits))

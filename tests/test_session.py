@@ -150,3 +150,12 @@ def test_prefill_off_in_row_blocks_equals_one_row_at_a_time():
     for rows in (1, 7):
         assert got[rows][0] == got[16][0]
         assert all(torch.equal(a, b) for a, b in zip(got[rows][1], got[16][1])), rows
+
+
+def test_prefill_batch_auto_is_batched_on_the_cpu():
+    eng = engine("qwen3_next", 0)
+    assert eng.prefill_batch(None) is True and eng.prefill_batch(False) is False
+    prompt = (REPEAT_PROMPT * 2)[:30]
+    auto = eng.generate(prompt, plain_settings(4), keep_logits=True)
+    batched = eng.generate(prompt, plain_settings(4, prefill_batch=True), keep_logits=True)
+    assert all(torch.equal(a, b) for a, b in zip(auto.logits, batched.logits))

@@ -35,6 +35,15 @@ def _ids(v: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {v!r}") from None
 
 
+def _onoffauto(v: str) -> bool | None:
+    if v.lower() == "auto":
+        return None
+    try:
+        return _onoff(v)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected on, off or auto, got {v!r}") from None
+
+
 def _mtp_drafts(v: str) -> int:
     if v == "auto":
         return 0
@@ -75,8 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--context", type=int, default=None,
                    help="KV cache length (default: prompt + max tokens + 8 verify rows, at most the model's maximum)")
-    r.add_argument("--prefill-batch", type=_onoff, default=True,
-                   help="off: feed the prompt through the exact path (the bits do not depend on threads)")
+    r.add_argument("--prefill-batch", type=_onoffauto, default=None,
+                   help="on|off|auto; off: the prompt through the exact path (bits that do not depend on threads); "
+                        "auto (default): on for the CPU, off on CUDA (faster there)")
     r.add_argument("--force", default=None, help="test mode: accept|reject|mixed|cycle|rowN|bernoulli:P")
     r.add_argument("--reference", default=None, help="REF.json: the --json output of a plain run")
     r.add_argument("--json", action="store_true", help='stdout: {"ids", "text", "stats"}')
@@ -99,9 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pin-slots", type=int, default=4, help="LRU pool of prompt snapshots (default 4)")
     s.add_argument("--context", type=int, default=None, help="KV cache length (default: the model's, at most 4096)")
     s.add_argument("--queue", type=int, default=16, help="requests that may wait behind the running one (default 16)")
-    s.add_argument("--prefill-batch", type=_onoff, default=True,
-                   help="off: feed prompts through the exact path (16 rows a forward), so an answer does not "
-                        "depend on what the server served before (slower prompts)")
+    s.add_argument("--prefill-batch", type=_onoffauto, default=None,
+                   help="on|off|auto; off: prompts through the exact path (16 rows a forward), so an answer does "
+                        "not depend on what the server served before; auto (default): on for the CPU, off on CUDA")
     add_draft_args(s)
 
     b = sub.add_parser("bench", help="decode speed on random weights at a named shape (e.g. qwen3.6-35b-a3b-shape)")

@@ -46,7 +46,9 @@ class RunSettings:
     max_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
     drafts: DraftSettings = field(default_factory=DraftSettings)
-    prefill_batch: bool = True
+    # None (auto): the batched fast kernels on the CPU; the exact path in 16-row blocks on CUDA, where it is
+    # 2-3x faster than the batched path at the 35B-A3B shape (bench/prefill_rows.py, docs/cuda.md)
+    prefill_batch: bool | None = None
     context: int | None = None   # KV cache length; default: prompt + max_tokens (+ verify rows)
 
     def __post_init__(self):

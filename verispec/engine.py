@@ -160,7 +160,12 @@ class Engine:
         if d.gate and sources:
             self.last_gate = gate
         return Decoder(self.model, state, sources=sources, gate=gate if sources else None, clock=clock,
-                       config=DecoderConfig(prefill_batch=settings.prefill_batch))
+                       config=DecoderConfig(prefill_batch=self.prefill_batch(settings.prefill_batch)))
+
+    def prefill_batch(self, asked: bool | None) -> bool:
+        """Whether a prompt goes through the batched fast kernels (True) or the exact path (False);
+        None: batched on the CPU, exact on CUDA (there the graphed exact path is the faster one)."""
+        return (not self.model.embed.is_cuda) if asked is None else asked
 
     def _fresh_state(self, max_len: int):
         """A new sequence's state. With CUDA graphs the last one of the same size is reset and

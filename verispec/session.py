@@ -52,7 +52,7 @@ class Pin:
 
 class Session:
     def __init__(self, engine: Engine, drafts: DraftSettings, *, context: int, pin_slots: int = 4,
-                 prefill_batch: bool = True, clock: Callable[[], float] = time.perf_counter):
+                 prefill_batch: bool | None = None, clock: Callable[[], float] = time.perf_counter):
         if context < 2:
             raise UsageError(f"--context must be >= 2, got {context}")
         self.engine = engine
