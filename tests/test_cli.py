@@ -205,9 +205,24 @@ def _edit_config(d: Path, **changes) -> None:
     (d / "config.json").write_text(json.dumps(cfg))
 
 
+# a copy of the fixture with one file replaced: case -> (file, its new text, a word the message must contain)
+ONE_FILE_DAMAGED = {
+    "damaged config.json": ("config.json", '{"model_type": "qwen3_next", "hidden_size": ', "config.json"),
+    "config.json that is not an object": ("config.json", "[1, 2]", "not a JSON object"),
+    "index whose weight_map is a list": ("model.safetensors.index.json", '{"weight_map": [1]}', "index.json"),
+    "damaged tokenizer.json": ("tokenizer.json", "{", "tokenizer.json"),
+    "damaged tokenizer_config.json": ("tokenizer_config.json", "{", "tokenizer_config.json"),
+}
+
+
 def _bad(tmp_path: Path, fx: Path, case: str) -> tuple[list, int, str]:
     """(argv, expected exit code, a word the message must contain)."""
     m = ["--model", fx]
+    if case in ONE_FILE_DAMAGED:
+        name, text, word = ONE_FILE_DAMAGED[case]
+        d = _copy(fx, tmp_path / "damaged")
+        (d / name).write_text(text)
+        return ["run", "hi", "--model", d], 1, word
     if case == "missing model directory":
         return ["run", "hi", "--model", tmp_path / "nope"], 2, "no such directory"
     if case == "directory without config.json":
@@ -222,10 +237,6 @@ def _bad(tmp_path: Path, fx: Path, case: str) -> tuple[list, int, str]:
         f = d / "model.safetensors"
         f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
         return ["run", "hi", "--model", d], 1, "truncated"
-    if case == "damaged config.json":
-        d = _copy(fx, tmp_path / "cfg")
-        (d / "config.json").write_text('{"model_type": "qwen3_next", "hidden_size": ')
-        return ["run", "hi", "--model", d], 1, "config.json"
     if case == "config.json without a required field":
         d = _copy(fx, tmp_path / "field")
         cfg = json.loads((d / "config.json").read_text())
@@ -279,10 +290,6 @@ def _bad(tmp_path: Path, fx: Path, case: str) -> tuple[list, int, str]:
         return ["run", "hi", "--model", d], 2, "--prompt-ids"
     if case == "unknown flag":
         return ["run", "hi", "--frobnicate", *m], 2, "frobnicate"
-    if case == "config.json that is not an object":
-        d = _copy(fx, tmp_path / "listcfg")
-        (d / "config.json").write_text("[1, 2]")
-        return ["run", "hi", "--model", d], 1, "not a JSON object"
     if case == "config.json with zero heads":
         d = _copy(fx, tmp_path / "heads")
         _edit_config(d, num_attention_heads=0)
@@ -303,18 +310,6 @@ def _bad(tmp_path: Path, fx: Path, case: str) -> tuple[list, int, str]:
         new = json.dumps(header).encode().ljust(n)
         f.write_bytes(raw[:8] + new + raw[8 + n:])
         return ["run", "hi", "--model", d], 1, "model.safetensors"
-    if case == "index whose weight_map is a list":
-        d = _copy(fx, tmp_path / "index")
-        (d / "model.safetensors.index.json").write_text('{"weight_map": [1]}')
-        return ["run", "hi", "--model", d], 1, "index.json"
-    if case == "damaged tokenizer.json":
-        d = _copy(fx, tmp_path / "tok")
-        (d / "tokenizer.json").write_text("{")
-        return ["run", "hi", "--model", d], 1, "tokenizer.json"
-    if case == "damaged tokenizer_config.json":
-        d = _copy(fx, tmp_path / "tcfg")
-        (d / "tokenizer_config.json").write_text("{")
-        return ["run", "hi", "--model", d], 1, "tokenizer_config.json"
     if case == "chat template that does not compile":
         d = _copy(fx, tmp_path / "tmpl")
         cfg = json.loads((d / "tokenizer_config.json").read_text())
