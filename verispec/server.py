@@ -369,7 +369,7 @@ def create_app(session, model_name: str, tokenizer: Tokenizer | None, queue_size
         fut.add_done_callback(lambda f: events.put_nowait(("end", f)))
         return events, fut, text, held
 
-    def in_text(pairs: list, text=None) -> list:
+    def in_text(pairs: list, text) -> list:
         """The (entry, start) pairs whose token put something into the text returned: after a
         stop string the text ends before it, and the tokens past that end are left out."""
         if text is None or not text.stopped:

@@ -31,6 +31,11 @@ EXACT_ROWS = 16
 FAMILIES = ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
 
 
+def _int_at_least(name: str, v, least: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise ModelFormatError(f"config.json: {name} must be an integer >= {least}, got {v!r}")
+
+
 @dataclass(frozen=True)
 class ModelArgs:
     family: str
@@ -86,9 +91,7 @@ class ModelArgs:
             raise ModelFormatError(f"hidden_act {cfg['hidden_act']!r} is not supported (silu only)")
         n_layers = cfg["num_hidden_layers"]
         for name in ("num_hidden_layers", "num_attention_heads", "hidden_size"):    # used before _checked
-            v = cfg[name]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ModelFormatError(f"config.json: {name} must be a positive integer, got {v!r}")
+            _int_at_least(name, cfg[name], 1)
         layer_types = cfg.get("layer_types")
         if layer_types is None:
             interval = cfg.get("full_attention_interval", 4)
@@ -139,14 +142,10 @@ class ModelArgs:
                     "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
                     "linear_num_value_heads")
         for name in positive:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ModelFormatError(f"config.json: {name} must be a positive integer, got {v!r}")
+            _int_at_least(name, getattr(self, name), 1)
         for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
                      "intermediate_size", "mtp_layers"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ModelFormatError(f"config.json: {name} must be an integer >= 0, got {v!r}")
+            _int_at_least(name, getattr(self, name), 0)
         if self.num_experts_per_tok > self.num_experts:
             raise ModelFormatError(f"config.json: num_experts_per_tok {self.num_experts_per_tok} exceeds "
                                    f"num_experts {self.num_experts}")
