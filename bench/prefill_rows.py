@@ -1,9 +1,9 @@
 """Benchmark: the prompt fed through the exact path (`--prefill-batch off`), one row a forward
 against EXACT_ROWS (16) rows a forward (the same bits: row invariance, tests/test_session.py), and
-the default batched prefill (fast kernels, bits that may depend on the row count and threads) for
-scale, on the bundled model.
+the batched prefill (fast kernels, bits that may depend on the row count and threads), on the
+bundled model.
 
-    python bench/prefill_rows.py [--tokens 480] [--rounds 5] [--threads N]
+    python bench/prefill_rows.py [--tokens 480[,N...]] [--rounds 5] [--threads N] [--arms exact1,exact16,batched]
     python bench/prefill_rows.py --random-config qwen3.6-35b-a3b-shape --device cuda [--layers N]
 
 With --random-config: random weights at that shape (verispec/random_model.py) on --device, and a
@@ -34,50 +34,70 @@ from verispec.random_model import preset_config, random_checkpoint
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _prompts(eng, a, sizes: list[int]) -> list[list[int]]:
+    if a.random_config:
+        v = eng.args.vocab_size
+        return [[(i * 7919 + 13) % (v - 1) + 1 for i in range(n)] for n in sizes]
+    ids = eng.encode((ROOT / "verispec" / "decoder.py").read_text())
+    return [ids[:n] for n in sizes]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, default=480)
+    p.add_argument("--tokens", default="480", help="prompt length, or several comma-separated (one model load)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--random-config", default=None, help="a random-weight shape instead of the bundled model")
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--arms", default="exact1,exact16,batched",
+                   help="which of exact1 (one row a forward), exact16, batched to run, comma-separated")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefill_rows.json"))
     a = p.parse_args()
+    exact = RunSettings(max_tokens=1, prefill_batch=False, drafts=DraftSettings(lookup=False, mtp="off"))
+    batched = RunSettings(max_tokens=1, prefill_batch=True, drafts=DraftSettings(lookup=False, mtp="off"))
+    every = {"exact1": ("exact, 1 row a forward", (exact, 1)), "exact16": ("exact, 16 rows a forward", (exact, 16)),
+             "batched": ("batched", (batched, None))}
+    asked = a.arms.split(",")
+    if any(k not in every for k in asked):
+        p.error(f"--arms: a comma-separated choice of {', '.join(every)}, got {a.arms!r}")
+    try:
+        sizes = [int(t) for t in a.tokens.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 2:
+        p.error(f"--tokens: prompt lengths >= 2, comma-separated, got {a.tokens!r}")
+    arms = dict(every[k] for k in asked)
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.random_config:
         cfg = preset_config(a.random_config, a.layers)
         ex = Execution.for_device(a.device)
         eng = Engine.from_checkpoint(random_checkpoint(cfg, seed=1, device=ex.device, dtype=ex.dtype), ex)
-        prompt = [(i * 7919 + 13) % (cfg["vocab_size"] - 1) + 1 for i in range(a.tokens)]
     else:
         eng = load_engine(default_model_dir(), device=a.device)
-        prompt = eng.encode((ROOT / "verispec" / "decoder.py").read_text())[:a.tokens]
-    exact = RunSettings(max_tokens=1, prefill_batch=False, drafts=DraftSettings(lookup=False, mtp="off"))
-    batched = RunSettings(max_tokens=1, prefill_batch=True, drafts=DraftSettings(lookup=False, mtp="off"))
-    arms = {"exact, 1 row a forward": (exact, 1), "exact, 16 rows a forward": (exact, 16),
-            "batched (the default)": (batched, None)}
-    raw = {k: [] for k in arms}
-    for r in range(-1, a.rounds):          # round -1 warms up (graph captures, kernel compiles): not kept
-        for name, (settings, rows) in arms.items():
-            dec = eng.new_decoder(settings, prompt)
-            if rows is not None:
-                dec.config.prefill_rows = rows
-            t = time.perf_counter()
-            eng.generate(prompt, settings, decoder=dec)
-            if r >= 0:
-                raw[name].append(len(prompt) / (time.perf_counter() - t))
+    runs = []
+    for prompt in _prompts(eng, a, sizes):
+        raw = {k: [] for k in arms}
+        for r in range(-1, a.rounds):          # round -1 warms up (graph captures, kernel compiles): not kept
+            for name, (settings, rows) in arms.items():
+                dec = eng.new_decoder(settings, prompt)
+                if rows is not None:
+                    dec.config.prefill_rows = rows
+                t = time.perf_counter()
+                eng.generate(prompt, settings, decoder=dec)
+                if r >= 0:
+                    raw[name].append(len(prompt) / (time.perf_counter() - t))
+        runs.append({"prompt_tokens": len(prompt), "tok_s": raw})
+        for name, v in raw.items():
+            print(f"{name}: {statistics.median(v):.1f} tok/s [{min(v):.1f}-{max(v):.1f}] "
+                  f"({len(prompt)} prompt tokens, {a.rounds} rounds, {torch.get_num_threads()} threads)", flush=True)
     out = {"machine": (torch.cuda.get_device_name() if "cuda" in str(eng.model.embed.device)
                        else platform.processor() or platform.machine()),
            "model": a.random_config or "bundled", "layers": eng.args.num_hidden_layers, "threads": torch.get_num_threads(),
-           "prompt_tokens": len(prompt), "rounds": a.rounds, "tok_s": raw,
-           "date": time.strftime("%Y-%m-%d %H:%M")}
+           "rounds": a.rounds, "runs": runs, "date": time.strftime("%Y-%m-%d %H:%M")}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
-    for name, v in raw.items():
-        print(f"{name}: {statistics.median(v):.1f} tok/s [{min(v):.1f}-{max(v):.1f}] "
-              f"({len(prompt)} prompt tokens, {a.rounds} rounds, {torch.get_num_threads()} threads)")
     return 0
 
 

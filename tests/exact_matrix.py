@@ -14,11 +14,12 @@ def forced_modes(k: int) -> list[str]:
 
 
 def check_matrix(eng, prompt: list[int], n: int = 24, *, samplings=("greedy", "sampled"),
-                 lookup_depths=(5, 2), mtp_depths=(1, 2, 3), log=print) -> int:
-    """Runs every arm; returns how many arms were compared. Raises AssertionError on the first difference."""
+                 lookup_depths=(5, 2), mtp_depths=(1, 2, 3), log=print, prefill_batch: bool | None = None) -> int:
+    """Runs every arm; returns how many arms were compared. Raises AssertionError on the first difference.
+    prefill_batch: every arm's prompt through the batched kernels (True), the exact path (False), or the default."""
     done = 0
     for name in samplings:
-        base = plain_settings(n, sampling=SAMPLED if name == "sampled" else GREEDY)
+        base = plain_settings(n, sampling=SAMPLED if name == "sampled" else GREEDY, prefill_batch=prefill_batch)
         plain = run(eng, prompt, base)
         ctx = eng.context_for(len(prompt), base)
         ref = tuple(plain.ids)

@@ -525,3 +525,57 @@ def test_prefill_batch_auto_is_the_exact_path_on_cuda(real_shaped):
     auto = real_shaped.generate(prompt, RunSettings(max_tokens=6, drafts=plain), keep_logits=True)
     off = real_shaped.generate(prompt, RunSettings(max_tokens=6, prefill_batch=False, drafts=plain), keep_logits=True)
     assert auto.ids == off.ids and all(torch.equal(a, b) for a, b in zip(auto.logits, off.logits))
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def test_grouped_experts_of_a_prompt_on_the_gpu():
+    """The batched prefill's experts (verispec/ops/grouped_moe.py) at the 35B-A3B widths in bf16:
+    torch._grouped_mm runs on this GPU, gives a product per expert's and the decode kernels' result
+    within bf16 rounding of an fp32 computation, and the same bits run to run."""
+    from verispec.ops import grouped_moe
+
+    e, inter, h, k = 256, 512, 2048, 8
+    x = _rand(300, h)
+    gu = _rand(e, 2 * inter, h) * h ** -0.5
+    dn = _rand(e, h, inter) * inter ** -0.5
+    w, i = torch.topk(torch.softmax(torch.randn(300, e, device="cuda") * 3, -1), k, -1)
+    assert grouped_moe._grouped_ok(x), "torch._grouped_mm should run in bf16 on an sm90 GPU"
+    got = grouped_moe.routed_experts(x, w, i, gu, dn)
+    assert torch.equal(got, grouped_moe.routed_experts(x, w, i, gu, dn))
+    ref = grouped_moe.routed_experts(x.float(), w, i, gu.float(), dn.float(), grouped=False)
+    loop = grouped_moe.routed_experts(x, w, i, gu, dn, grouped=False)
+    pairs = cuda_moe.routed_experts(x, w, i, gu, dn)
+    errs = [_rel(t, ref) for t in (got, loop, pairs)]
+    print("grouped, per expert, per pair: relative error to fp32", errs)
+    assert max(errs) < 1e-2, errs
+
+
+def test_batched_prefill_on_cuda_is_as_accurate_as_the_exact_path(real_shaped):
+    """--prefill-batch on at the 35B-A3B widths: the grouped experts, the one-launch recurrence,
+    SDPA. Every prompt position's logits against the same checkpoint in fp32 on the CPU are no
+    further off than the exact path's (16-row blocks) are, within 1.5x, and both within bf16's
+    reach (relative error < 2e-2)."""
+    ck = random_checkpoint(preset_config("qwen3.6-35b-a3b-shape", layers=4), seed=11, device="cuda")
+    cpu = Engine.from_checkpoint(ck, Execution()).model
+    del ck
+    ids = torch.tensor((REPEAT_PROMPT * 8)[:100])
+    want = cpu.forward(ids, cpu.new_state(128), exact=False).logits
+    del cpu
+    m = real_shaped.model
+    batched = m.forward(ids, m.new_state(128), exact=False).logits.cpu()
+    st = m.new_state(128)
+    exact = torch.cat([m.forward(ids[j:j + 16], st, exact=True).logits for j in range(0, 100, 16)]).cpu()
+    eb, ee = _rel(batched, want), _rel(exact, want)
+    print(f"relative error to fp32: batched {eb:.3e}, exact {ee:.3e}")
+    assert eb < 2e-2 and ee < 2e-2 and eb <= 1.5 * ee, (eb, ee)
+    agree = (batched.argmax(-1) == want.argmax(-1)).float().mean().item()
+    assert agree >= (exact.argmax(-1) == want.argmax(-1)).float().mean().item() - 0.05, agree
+
+
+def test_matrix_after_a_batched_prefill_on_cuda(real_shaped):
+    """The drafts-vs-no-drafts matrix with every arm's prompt (36 rows) through the batched kernels
+    (--prefill-batch on): the grouped experts, the one-launch recurrence, SDPA."""
+    assert check_matrix(real_shaped, REPEAT_PROMPT * 2, 24, prefill_batch=True) > 60

@@ -20,7 +20,7 @@ from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
 from ..ops import (cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norm_router, cuda_norms,
-                   cuda_slots, cuda_stream_moe)
+                   cuda_slots, cuda_stream_moe, grouped_moe)
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -530,6 +530,15 @@ class Model:
                     state.slots[r].rec[m.index].copy_(rec)
         else:
             save_conv = save_rec = None
+        if rp is BATCH and not save_slots and cuda_deltanet.usable(ring):
+            # a prompt on CUDA: the conv batched, then every row's recurrence in one launch (a
+            # launch per row cost more than the rows' work)
+            mixed = dn_ops.conv_prefill(mixed, ring, m.conv)
+            o = cuda_deltanet.delta_steps(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec, None,
+                                          a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
+                                          out_dtype=h.dtype)
+            o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
+            return lin(o.reshape(rows, vd), m.out)
         rec_slots = None
         if cuda_deltanet.usable(ring):   # (a batched forward here) the kernel writes the copy slots itself
             save_conv = save_rec = None
@@ -681,6 +690,10 @@ class Model:
         top_w, top_i = exact.reduce(route, pre[:, :e])
         shared = lin(silu_mul(pre[:, e + 1:e + 1 + si], pre[:, e + 1 + si:e + 1 + 2 * si], exact), m.shared_down)
         gated = rowwise(torch.sigmoid, pre[:, e:e + 1], exact=exact) * shared
+        if exact is BATCH and h.is_cuda:
+            # a prompt: each expert's rows in one product, its weights read once (the per-pair
+            # kernels below read an expert's weights once per row: ~3x slower than the exact path)
+            return grouped_moe.routed_experts(h, top_w, top_i, m.gu_all, m.down_all) + gated
         if isinstance(exact, Padded) or cuda_moe.available(h.device):
             # expert ids stay on the device: no host sync, capturable, one program per (row, slot)
             return cuda_moe.routed_experts(h, top_w, top_i, m.gu_all, m.down_all, extra=gated)
