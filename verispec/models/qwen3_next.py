@@ -360,10 +360,10 @@ class Model:
     def __init__(self, args: ModelArgs, tensors: dict[str, torch.Tensor], execution: Execution | None = None):
         self.args = a = args
         self.exec = ex = execution or Execution()
-        if ex.is_cuda or ex.dtype != torch.float32:
-            # weights move one at a time, so peak host memory is the checkpoint's, not twice it
-            tensors = {k: v.to(device=ex.torch_device, dtype=ex.dtype if v.is_floating_point() else v.dtype)
-                       for k, v in tensors.items()}
+        # weights move one at a time, so peak host memory is the checkpoint's, not twice it; a
+        # tensor already on the device in the dtype is kept as it is
+        tensors = {k: v.to(device=ex.torch_device, dtype=ex.dtype if v.is_floating_point() else v.dtype)
+                   for k, v in tensors.items()}
         self.graphs = None          # a CUDA-graph runner for the exact path (verispec/cuda_graphs.py)
         if ex.pad_rows:
             lin = gpu_exact_linear(ex.pad_rows) if ex.is_cuda else padded_linear(ex.pad_rows)
@@ -531,9 +531,8 @@ class Model:
         else:
             save_conv = save_rec = None
         if rp is BATCH and not save_slots and cuda_deltanet.usable(ring):
-            # a prompt on CUDA: the conv batched, then every row's recurrence in one launch (a
-            # launch per row cost more than the rows' work)
-            mixed = dn_ops.conv_prefill(mixed, ring, m.conv)
+            # a prompt on CUDA: the conv batched, then every row's recurrence in one launch (not a launch a row)
+            mixed = dn_ops.conv_prefill(mixed, ring, m.conv).contiguous()   # [rows, C], unit stride
             o = cuda_deltanet.delta_steps(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec, None,
                                           a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
                                           out_dtype=h.dtype)
