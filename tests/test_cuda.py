@@ -514,17 +514,24 @@ def test_prefill_off_in_row_blocks_on_cuda(real_shaped):
     assert all(torch.equal(a, b) for a, b in zip(got[1][1], got[16][1]))
 
 
-def test_prefill_batch_auto_is_the_exact_path_on_cuda(real_shaped):
-    """On CUDA the default prefill (auto) is the exact path in 16-row blocks: the same logits as
-    --prefill-batch off, bit for bit (and the prompt's split cannot move them)."""
+def test_prefill_batch_auto_on_cuda_by_the_prompt_rows(real_shaped):
+    """On CUDA the default prefill (auto) takes the exact path in 16-row blocks below CUDA_BATCH_FROM rows
+    (the same logits as --prefill-batch off, bit for bit) and the batched kernels from there (the
+    same logits as --prefill-batch on, bit for bit); the two differ, so the comparison can tell."""
     from verispec.config import DraftSettings, RunSettings
+    from verispec.engine import CUDA_BATCH_FROM
 
-    assert real_shaped.prefill_batch(None) is False
-    prompt = (REPEAT_PROMPT * 3)[:40]
+    assert real_shaped.prefill_batch(None) is True and real_shaped.prefill_batch_from(None) == CUDA_BATCH_FROM
+    assert real_shaped.prefill_batch_from(True) == 0 and real_shaped.prefill_batch(False) is False
     plain = DraftSettings(lookup=False, mtp="off")
-    auto = real_shaped.generate(prompt, RunSettings(max_tokens=6, drafts=plain), keep_logits=True)
-    off = real_shaped.generate(prompt, RunSettings(max_tokens=6, prefill_batch=False, drafts=plain), keep_logits=True)
-    assert auto.ids == off.ids and all(torch.equal(a, b) for a, b in zip(auto.logits, off.logits))
+    for n, same_as in ((40, False), (CUDA_BATCH_FROM, True)):
+        prompt = (REPEAT_PROMPT * 10)[:n]
+        got = {pb: real_shaped.generate(prompt, RunSettings(max_tokens=4, prefill_batch=pb, drafts=plain),
+                                        keep_logits=True) for pb in (None, True, False)}
+        auto, other = got[None], got[not same_as]
+        assert auto.ids == got[same_as].ids
+        assert all(torch.equal(a, b) for a, b in zip(auto.logits, got[same_as].logits)), n
+        assert not torch.equal(auto.logits[0], other.logits[0]), n
 
 
 def _rel(a, b):

@@ -155,7 +155,18 @@ def test_prefill_off_in_row_blocks_equals_one_row_at_a_time():
 def test_prefill_batch_auto_is_batched_on_the_cpu():
     eng = engine("qwen3_next", 0)
     assert eng.prefill_batch(None) is True and eng.prefill_batch(False) is False
+    assert eng.prefill_batch_from(None) == 0          # CUDA_BATCH_FROM is for CUDA only
     prompt = (REPEAT_PROMPT * 2)[:30]
     auto = eng.generate(prompt, plain_settings(4), keep_logits=True)
     batched = eng.generate(prompt, plain_settings(4, prefill_batch=True), keep_logits=True)
     assert all(torch.equal(a, b) for a, b in zip(auto.logits, batched.logits))
+
+
+def test_the_help_states_the_cuda_threshold_the_engine_uses():
+    from verispec.cli import build_parser
+    from verispec.engine import CUDA_BATCH_FROM
+
+    text = build_parser().format_help() + "".join(
+        a.help or "" for act in build_parser()._subparsers._group_actions for sp in act.choices.values()
+        for a in sp._actions if "--prefill-batch" in a.option_strings)
+    assert text.count(f"under {CUDA_BATCH_FROM} tokens on CUDA") == 2

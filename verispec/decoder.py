@@ -48,7 +48,8 @@ class _Pending:
 @dataclass
 class DecoderConfig:
     prefill_batch: bool = True
-    prefill_rows: int = EXACT_ROWS     # prefill_batch off: rows an exact forward of the prompt takes
+    prefill_batch_from: int = 0        # prefill_batch on: a part of fewer rows goes through the exact path
+    prefill_rows: int = EXACT_ROWS     # the exact path: rows an exact forward of the prompt takes
 
 
 @dataclass
@@ -72,7 +73,7 @@ class Decoder:
         self._settle_all()
         start = self.state.kv_len
         t0 = self.clock()
-        if self.config.prefill_batch:
+        if self.config.prefill_batch and len(ids) >= self.config.prefill_batch_from:
             out = self.model.forward(ids, self.state)
         else:
             # the exact path, as many rows a forward as a verify may take: row-invariant, so the bits

@@ -24,6 +24,11 @@ from .tokenizer import Tokenizer
 from .weights import Checkpoint, load_checkpoint
 
 VERIFY_ROWS = 8
+# auto on CUDA: a prompt (or the new part of one) of fewer rows goes through the graphed exact path
+# in 16-row blocks. The batched forward runs eager: at the 35B-A3B shape on the H200 it took ~83 ms
+# for 17 rows, and the two paths crossed at 128 rows (1751 against 1749 tok/s; 3122 against 1761 at
+# 256; bench/prefill_rows.py, device call 152, docs/cuda.md "Prompts on CUDA").
+CUDA_BATCH_FROM = 129
 
 
 @dataclass
@@ -160,12 +165,18 @@ class Engine:
         if d.gate and sources:
             self.last_gate = gate
         return Decoder(self.model, state, sources=sources, gate=gate if sources else None, clock=clock,
-                       config=DecoderConfig(prefill_batch=self.prefill_batch(settings.prefill_batch)))
+                       config=DecoderConfig(prefill_batch=self.prefill_batch(settings.prefill_batch),
+                                            prefill_batch_from=self.prefill_batch_from(settings.prefill_batch)))
 
     def prefill_batch(self, asked: bool | None) -> bool:
         """Whether a prompt goes through the batched fast kernels (True) or the exact path (False);
-        None: batched on the CPU, exact on CUDA (there the graphed exact path is the faster one)."""
-        return (not self.model.embed.is_cuda) if asked is None else asked
+        None (auto): batched, from prefill_batch_from rows."""
+        return True if asked is None else asked
+
+    def prefill_batch_from(self, asked: bool | None) -> int:
+        """The fewest rows a prompt (or the new part of one) needs to go batched: CUDA_BATCH_FROM for
+        auto on CUDA, else 0 (any prompt of more than a verify's rows)."""
+        return CUDA_BATCH_FROM if asked is None and self.model.embed.is_cuda else 0
 
     def _fresh_state(self, max_len: int):
         """A new sequence's state. With CUDA graphs the last one of the same size is reset and
