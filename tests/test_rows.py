@@ -109,6 +109,20 @@ def test_attention_rows():
             assert torch.equal(full[m:m + 1], attention.attend_rows(q[m:m + 1], kc, vc, start + m, 0.25))
 
 
+@pytest.mark.parametrize("start", [0, 5])
+def test_prefill_attention_is_causal_after_a_cached_prefix(start):
+    """attend_prefill (SDPA with a lower-right causal bias, grouped heads) gives what the row-wise
+    kernel gives: row m sees the cache up to start + m, nothing after."""
+    g = torch.Generator().manual_seed(3 + start)
+    kc = torch.randn(2, start + 9, 16, generator=g)
+    vc = torch.randn(2, start + 9, 16, generator=g)
+    q = torch.randn(7, 4, 16, generator=g)
+    want = attention.attend_rows(q, kc, vc, start, 0.25)
+    torch.testing.assert_close(attention.attend_prefill(q, kc, vc, start, 0.25), want, rtol=1e-5, atol=1e-5)
+    vc[:, start + 7:] += 100.0                           # keys after the last row's position: never seen
+    torch.testing.assert_close(attention.attend_prefill(q, kc, vc, start, 0.25), want, rtol=1e-5, atol=1e-5)
+
+
 def test_conv_and_recurrence_rows():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(8, 48, generator=g)
