@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
-from ..ops import (cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norm_router, cuda_norms,
-                   cuda_slots, cuda_stream_moe, grouped_moe)
+from ..ops import (chunk_delta, cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norm_router,
+                   cuda_norms, cuda_slots, cuda_stream_moe, grouped_moe)
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -531,11 +531,11 @@ class Model:
         else:
             save_conv = save_rec = None
         if rp is BATCH and not save_slots and cuda_deltanet.usable(ring):
-            # a prompt on CUDA: the conv batched, then every row's recurrence in one launch (not a launch a row)
-            mixed = dn_ops.conv_prefill(mixed, ring, m.conv).contiguous()   # [rows, C], unit stride
-            o = cuda_deltanet.delta_steps(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec, None,
-                                          a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim,
-                                          out_dtype=h.dtype)
+            # a prompt on CUDA: the conv batched, then the recurrence in chunks (verispec/ops/chunk_delta.py)
+            mixed = dn_ops.conv_prefill(mixed, ring, m.conv)
+            qkvgb = chunk_delta.inputs(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias,
+                                       a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim)
+            o = chunk_delta.delta_rule(*qkvgb, rec).to(h.dtype)
             o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
             return lin(o.reshape(rows, vd), m.out)
         rec_slots = None

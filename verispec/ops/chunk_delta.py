@@ -1,0 +1,149 @@
+"""The gated delta rule over a whole prompt in chunks: the batched prefill's recurrence.
+
+Row by row the rule is a chain of P dependent steps (delta_steps: ~1.8 us a row on the H200, half
+of a 4096-token prefill; bench/prefill_profile.py). Within a chunk of C rows it unrolls into
+products that need no state, so only one step per chunk is left in the chain. Per value head,
+with S0 the state at the chunk's start, G_t = g_1 + .. + g_t (log decays, <= 0), rows t, s:
+
+  A[t, s]  = beta_t exp(G_t - G_s) (k_t . k_s)   for s < t, else 0   (strictly lower)
+  W        = (I + A)^-1 diag(beta) V                                  [C, Dv]  no state
+  Kc       = (I + A)^-1 diag(beta exp(G)) K                           [C, Dk]  no state
+  U        = W - Kc S0                        the rows' deltas (what each row adds)
+  O        = diag(exp(G)) Q S0 + (Mask(exp(G_t - G_s), s <= t) * Q K^T) U
+  S_C      = exp(G_C) S0 + (diag(exp(G_C - G)) K)^T U
+
+which is the row-by-row rule re-associated (tests/test_chunk_delta.py holds it to the row-wise
+one in fp64). The state-free parts run batched over every chunk and head (torch); the chain of
+chunks runs in one Triton launch on CUDA (the state in registers, fp32 products without TF32),
+or as a torch loop elsewhere. Prefill only: the re-association rounds differently from the
+row-wise kernels, so these bits are not a decode step's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - the CPU machine has no triton
+    triton = None
+
+CHUNK = 64
+
+if triton is not None:
+    @triton.jit
+    def _chunk_chain(kc_ptr, w_ptr, qg_ptr, p_ptr, kd_ptr, dec_ptr, s_ptr, o_ptr, N,
+                     C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
+        """One value head's columns vb*BV.. through its N chunks in order. Inputs [HV, N, C, *]
+        contiguous fp32; s [HV, DK, DV] fp32 in place; o [HV, N, C, DV] fp32."""
+        h = tl.program_id(0)
+        vb = tl.program_id(1)
+        rc = tl.arange(0, C)
+        rk = tl.arange(0, DK)
+        rv = vb * BV + tl.arange(0, BV)
+        st = tl.load(s_ptr + h * DK * DV + rk[:, None] * DV + rv[None, :])       # [DK, BV]
+        for i in range(N):
+            base = h * N + i
+            kc = tl.load(kc_ptr + base * C * DK + rc[:, None] * DK + rk[None, :])   # [C, DK]
+            qg = tl.load(qg_ptr + base * C * DK + rc[:, None] * DK + rk[None, :])
+            kd = tl.load(kd_ptr + base * C * DK + rc[:, None] * DK + rk[None, :])
+            w = tl.load(w_ptr + base * C * DV + rc[:, None] * DV + rv[None, :])     # [C, BV]
+            p = tl.load(p_ptr + base * C * C + rc[:, None] * C + rc[None, :])       # [C, C]
+            dec = tl.load(dec_ptr + base)
+            u = w - tl.dot(kc, st, input_precision="ieee")
+            o = tl.dot(qg, st, input_precision="ieee") + tl.dot(p, u, input_precision="ieee")
+            tl.store(o_ptr + base * C * DV + rc[:, None] * DV + rv[None, :], o)
+            st = dec * st + tl.dot(tl.trans(kd), u, input_precision="ieee")
+        tl.store(s_ptr + h * DK * DV + rk[:, None] * DV + rv[None, :], st)
+
+
+def inputs(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tensor, dt_bias: torch.Tensor, hk: int, dk: int,
+           dv: int, eps: float = 1e-6):
+    """The rule's inputs from the conv's output and the b|a columns, as delta_steps makes them:
+    mixed [P, >= 2*hk*dk + Hv*dv] (q|k|v), ba [P, >= 2*Hv] -> q, k [Hv, P, dk] (L2-normed, q
+    scaled by dk^-0.5, repeated to the value heads), v [Hv, P, dv], g, beta [Hv, P]; fp32."""
+    rows = mixed.shape[0]
+    hv = a_log_exp.shape[0]
+    q = mixed[:, :hk * dk].float().reshape(rows, hk, dk)
+    k = mixed[:, hk * dk:2 * hk * dk].float().reshape(rows, hk, dk)
+    v = mixed[:, 2 * hk * dk:2 * hk * dk + hv * dv].float().reshape(rows, hv, dv)
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + eps) * dk ** -0.5
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + eps)
+    rep = hv // hk
+    q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
+    b = ba[:, :hv]
+    beta = torch.sigmoid(b.float()).to(b.dtype).float()            # rounded as the kernel rounds it
+    a = ba[:, hv:2 * hv].float() + dt_bias.float()
+    g = -a_log_exp.float() * torch.where(a > 20.0, a, torch.log1p(torch.exp(a)))
+    return (q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), g.t(), beta.t())
+
+
+def _chunks(x: torch.Tensor, c: int) -> torch.Tensor:
+    """[Hv, P, *] -> [Hv, N, c, *], zero rows after the last (a zero row changes nothing: k = v
+    = beta = 0 adds no delta, g = 0 no decay)."""
+    rows = x.shape[1]
+    pad = -rows % c
+    if pad:
+        x = F.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
+    return x.reshape(x.shape[0], -1, c, *x.shape[2:])
+
+
+def prepare(q, k, v, g, beta, c: int = CHUNK):
+    """The state-free parts of every chunk (module doc): Kc, W, Q~ = diag(exp(G)) Q, P (masked
+    Q K^T), Kd = diag(exp(G_C - G)) K [Hv, N, c, *] and exp(G_C) [Hv, N]."""
+    q, k, v, g, beta = (_chunks(t, c) for t in (q, k, v, g, beta))
+    cum = g.cumsum(-1)                                              # G_t
+    diff = cum[..., :, None] - cum[..., None, :]                    # G_t - G_s
+    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    decay = torch.exp(diff.masked_fill(~lower, float("-inf")))     # s <= t, else 0
+    kk = k @ k.transpose(-1, -2)
+    a = (beta[..., :, None] * decay * kk).tril(-1)
+    eye = torch.eye(c, dtype=q.dtype, device=q.device)
+    rhs = torch.cat([beta[..., None] * v, (beta * cum.exp())[..., None] * k], -1)
+    sol = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)
+    dvv = v.shape[-1]
+    w, kc = sol[..., :dvv], sol[..., dvv:]
+    qg = cum.exp()[..., None] * q
+    p = decay * (q @ k.transpose(-1, -2))
+    last = cum[..., -1:]
+    kd = torch.exp(last - cum)[..., None] * k
+    return (t.contiguous() for t in (kc, w, qg, p, kd, last[..., 0].exp()))
+
+
+def chain_torch(kc, w, qg, p, kd, dec, state):
+    """The chunks in order, in torch; state [Hv, dk, dv] in place -> o [Hv, N, c, dv] (w's dtype)."""
+    out = torch.empty_like(w)
+    for i in range(w.shape[1]):
+        u = w[:, i] - kc[:, i] @ state
+        out[:, i] = qg[:, i] @ state + p[:, i] @ u
+        state.mul_(dec[:, i, None, None]).add_(kd[:, i].transpose(-1, -2) @ u)
+    return out
+
+
+def chain_triton(kc, w, qg, p, kd, dec, state, bv: int = 32):
+    hv, n, c, dk = kc.shape
+    dv = w.shape[-1]
+    out = torch.empty(hv, n, c, dv, dtype=torch.float32, device=w.device)
+    bv = min(bv, dv)
+    _chunk_chain[(hv, triton.cdiv(dv, bv))](kc, w, qg, p, kd, dec, state, out, n, C=c, DK=dk, DV=dv, BV=bv,
+                                           num_warps=4)
+    return out
+
+
+def usable(state: torch.Tensor, dk: int, dv: int) -> bool:
+    """The Triton chain: CUDA, fp32 state, power-of-two widths of at least 16 (tl.dot's)."""
+    pow2 = all(n >= 16 and n & (n - 1) == 0 for n in (dk, dv))
+    return triton is not None and state.is_cuda and state.dtype == torch.float32 and pow2
+
+
+def delta_rule(q, k, v, g, beta, state, c: int = CHUNK, use_triton: bool | None = None) -> torch.Tensor:
+    """q, k [Hv, P, dk], v [Hv, P, dv], g, beta [Hv, P] fp32 (from `inputs`); state [Hv, dk, dv]
+    fp32, updated in place -> o [P, Hv, dv] fp32, the row-wise rule's outputs."""
+    rows = q.shape[1]
+    parts = prepare(q, k, v, g, beta, c)
+    if use_triton is None:
+        use_triton = usable(state, q.shape[-1], v.shape[-1])
+    out = (chain_triton if use_triton else chain_torch)(*parts, state)
+    return out.reshape(out.shape[0], -1, out.shape[-1])[:, :rows].transpose(0, 1)
