@@ -31,11 +31,12 @@ except ImportError:  # pragma: no cover - the CPU machine has no triton
     triton = None
 
 CHUNK = 64
+BV, PREC, WARPS = 32, "tf32x3", 4   # the Triton chain: value columns a program, tl.dot's precision, warps
 
 if triton is not None:
     @triton.jit
     def _chunk_chain(kc_ptr, w_ptr, qg_ptr, p_ptr, kd_ptr, dec_ptr, s_ptr, o_ptr, N,
-                     C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr):
+                     C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
         """One value head's columns vb*BV.. through its N chunks in order. Inputs [HV, N, C, *]
         contiguous fp32; s [HV, DK, DV] fp32 in place; o [HV, N, C, DV] fp32."""
         h = tl.program_id(0)
@@ -52,10 +53,10 @@ if triton is not None:
             w = tl.load(w_ptr + base * C * DV + rc[:, None] * DV + rv[None, :])     # [C, BV]
             p = tl.load(p_ptr + base * C * C + rc[:, None] * C + rc[None, :])       # [C, C]
             dec = tl.load(dec_ptr + base)
-            u = w - tl.dot(kc, st, input_precision="ieee")
-            o = tl.dot(qg, st, input_precision="ieee") + tl.dot(p, u, input_precision="ieee")
+            u = w - tl.dot(kc, st, input_precision=PREC)
+            o = tl.dot(qg, st, input_precision=PREC) + tl.dot(p, u, input_precision=PREC)
             tl.store(o_ptr + base * C * DV + rc[:, None] * DV + rv[None, :], o)
-            st = dec * st + tl.dot(tl.trans(kd), u, input_precision="ieee")
+            st = dec * st + tl.dot(tl.trans(kd), u, input_precision=PREC)
         tl.store(s_ptr + h * DK * DV + rk[:, None] * DV + rv[None, :], st)
 
 
@@ -122,13 +123,13 @@ def chain_torch(kc, w, qg, p, kd, dec, state):
     return out
 
 
-def chain_triton(kc, w, qg, p, kd, dec, state, bv: int = 32):
+def chain_triton(kc, w, qg, p, kd, dec, state, bv: int = BV, prec: str = PREC, warps: int = WARPS):
     hv, n, c, dk = kc.shape
     dv = w.shape[-1]
     out = torch.empty(hv, n, c, dv, dtype=torch.float32, device=w.device)
     bv = min(bv, dv)
     _chunk_chain[(hv, triton.cdiv(dv, bv))](kc, w, qg, p, kd, dec, state, out, n, C=c, DK=dk, DV=dv, BV=bv,
-                                           num_warps=4)
+                                           PREC=prec, num_warps=warps, num_stages=1)   # pipelined: 256 KiB of smem
     return out
 
 
