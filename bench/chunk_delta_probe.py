@@ -3,7 +3,10 @@ DeltaNet widths (32 value heads of 128 x 128): the Triton chain's settings (tl.d
 columns a program, warps) and the torch chain, each timed (median of --rounds, CUDA events) and held
 to an fp64 torch chain.
 
-    python3 bench/chunk_delta_probe.py [--tokens 4096] [--rounds 5]
+    python3 bench/chunk_delta_probe.py [--tokens 4096] [--rounds 5] [--only "tf32x3 bv32"]
+
+(Call 157: "tf32x3 bv16 w8" ended the process with an illegal memory access, so run the arms a few
+at a time with --only.)
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--only", default="", help="run only the arms whose name contains this")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "chunk_delta_probe.json"))
     a = p.parse_args()
     hv, dk, dv = 32, 128, 128
@@ -45,6 +49,8 @@ def main() -> int:
                                                                                        warps=warps))
     res = {}
     for name, fn in arms.items():
+        if a.only not in name:
+            continue
         try:
             out = fn(s0.clone())
         except Exception as e:  # noqa: BLE001 - a setting that does not compile is a result too
