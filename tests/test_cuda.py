@@ -525,7 +525,7 @@ def test_prefill_batch_auto_on_cuda_by_the_prompt_rows(real_shaped):
     assert real_shaped.prefill_batch_from(True) == 0 and real_shaped.prefill_batch(False) is False
     plain = DraftSettings(lookup=False, mtp="off")
     for n, same_as in ((40, False), (CUDA_BATCH_FROM, True)):
-        prompt = (REPEAT_PROMPT * 10)[:n]
+        prompt = (REPEAT_PROMPT * 20)[:n]
         got = {pb: real_shaped.generate(prompt, RunSettings(max_tokens=4, prefill_batch=pb, drafts=plain),
                                         keep_logits=True) for pb in (None, True, False)}
         auto, other = got[None], got[not same_as]
