@@ -3,7 +3,7 @@ against EXACT_ROWS (16) rows a forward (the same bits: row invariance, tests/tes
 the batched prefill (fast kernels, bits that may depend on the row count and threads), on the
 bundled model.
 
-    python bench/prefill_rows.py [--tokens 480[,N...]] [--rounds 5] [--threads N] [--arms exact1,exact16,batched]
+    python bench/prefill_rows.py [--tokens 480[,N...]] [--rounds 5] [--threads N] [--arms exact1,exact16,batched,batched_rows]
     python bench/prefill_rows.py --random-config qwen3.6-35b-a3b-shape --device cuda [--layers N]
 
 With --random-config: random weights at that shape (verispec/random_model.py) on --device, and a
@@ -29,6 +29,7 @@ import torch
 from verispec.config import DraftSettings, RunSettings, default_model_dir
 from verispec.engine import Engine, load_engine
 from verispec.execution import Execution
+from verispec.ops import chunk_delta
 from verispec.random_model import preset_config, random_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,13 +52,15 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--arms", default="exact1,exact16,batched",
-                   help="which of exact1 (one row a forward), exact16, batched to run, comma-separated")
+                   help="which of exact1 (one row a forward), exact16, batched, batched_rows (the recurrence row by "
+                        "row, as before the chunked one) to run, comma-separated")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefill_rows.json"))
     a = p.parse_args()
     exact = RunSettings(max_tokens=1, prefill_batch=False, drafts=DraftSettings(lookup=False, mtp="off"))
     batched = RunSettings(max_tokens=1, prefill_batch=True, drafts=DraftSettings(lookup=False, mtp="off"))
     every = {"exact1": ("exact, 1 row a forward", (exact, 1)), "exact16": ("exact, 16 rows a forward", (exact, 16)),
-             "batched": ("batched", (batched, None))}
+             "batched": ("batched", (batched, None)),
+             "batched_rows": ("batched, the recurrence row by row", (batched, "rows"))}
     asked = a.arms.split(",")
     if any(k not in every for k in asked):
         p.error(f"--arms: a comma-separated choice of {', '.join(every)}, got {a.arms!r}")
@@ -82,10 +85,12 @@ def main() -> int:
         for r in range(-1, a.rounds):          # round -1 warms up (graph captures, kernel compiles): not kept
             for name, (settings, rows) in arms.items():
                 dec = eng.new_decoder(settings, prompt)
-                if rows is not None:
+                if isinstance(rows, int):
                     dec.config.prefill_rows = rows
+                chunk_delta.enabled = rows != "rows"
                 t = time.perf_counter()
                 eng.generate(prompt, settings, decoder=dec)
+                chunk_delta.enabled = True
                 if r >= 0:
                     raw[name].append(len(prompt) / (time.perf_counter() - t))
         runs.append({"prompt_tokens": len(prompt), "tok_s": raw})

@@ -25,10 +25,10 @@ from .weights import Checkpoint, load_checkpoint
 
 VERIFY_ROWS = 8
 # auto on CUDA: a prompt (or the new part of one) of fewer rows goes through the graphed exact path
-# in 16-row blocks. The batched forward runs eager, ~90 ms of launches at the 35B-A3B shape on the
-# H200 whatever its rows, then ~0.057 ms a row; the exact path ~0.57 ms a row. Measured (device call
-# 159, bench/prefill_rows.py, tok/s exact / batched): 128 rows 1747 / 1038, 256 rows 1763 / 2615; the
-# fit crosses near 175 rows (docs/cuda.md "Prompts on CUDA").
+# in 16-row blocks. At the 35B-A3B shape on the H200 the batched forward (eager) cost ~100 ms whatever
+# its rows, then ~0.05 ms a row; the exact path ~0.57 ms a row. Measured (device call 159,
+# bench/prefill_rows.py, tok/s exact / batched): 128 rows 1747 / 1038, 256 rows 1763 / 2615; the
+# slopes cross near 190 rows (docs/cuda.md "Prompts on CUDA").
 CUDA_BATCH_FROM = 192
 
 

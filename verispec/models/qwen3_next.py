@@ -530,8 +530,8 @@ class Model:
                     state.slots[r].rec[m.index].copy_(rec)
         else:
             save_conv = save_rec = None
-        if rp is BATCH and not save_slots and cuda_deltanet.usable(ring):
-            # a prompt on CUDA: the conv batched, then the recurrence in chunks (verispec/ops/chunk_delta.py)
+        if rp is BATCH and not save_slots and chunk_delta.enabled:
+            # a prompt: the conv batched, then the recurrence in chunks (verispec/ops/chunk_delta.py)
             mixed = dn_ops.conv_prefill(mixed, ring, m.conv)
             qkvgb = chunk_delta.inputs(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias,
                                        a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim)

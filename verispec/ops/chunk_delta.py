@@ -15,7 +15,7 @@ with S0 the state at the chunk's start, G_t = g_1 + .. + g_t (log decays, <= 0),
 which is the row-by-row rule re-associated (tests/test_chunk_delta.py holds it to the row-wise
 one in fp64). The state-free parts run batched over every chunk and head (torch); the chain of
 chunks runs in one Triton launch on CUDA (the state in registers, fp32 products without TF32),
-or as a torch loop elsewhere. Prefill only: the re-association rounds differently from the
+or as a torch loop elsewhere (the CPU). Prefill only: the re-association rounds differently from the
 row-wise kernels, so these bits are not a decode step's.
 """
 
@@ -30,6 +30,7 @@ try:
 except ImportError:  # pragma: no cover - the CPU machine has no triton
     triton = None
 
+enabled = True     # benchmarks switch it off to time the row-by-row recurrence in its place
 CHUNK = 64
 BV, PREC, WARPS = 32, "tf32x3", 4   # the Triton chain: value columns a program, tl.dot's precision, warps
 
