@@ -57,8 +57,8 @@ class MTPHead:
         a = model.args
         h = a.hidden_size
         ex = model.exec
-        if ex.is_cuda or ex.dtype != torch.float32:
-            tensors = {k: v.to(device=ex.torch_device, dtype=ex.dtype) for k, v in tensors.items()}
+        tensors = {k: v.to(device=ex.torch_device, dtype=ex.dtype if v.is_floating_point() else v.dtype)
+                   for k, v in tensors.items()}
         w = _Weights(tensors)
         p = "mtp.layers.0"
         fc = w.pop("mtp.fc.weight", (h, 2 * h))

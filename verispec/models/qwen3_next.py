@@ -689,9 +689,10 @@ class Model:
         top_w, top_i = exact.reduce(route, pre[:, :e])
         shared = lin(silu_mul(pre[:, e + 1:e + 1 + si], pre[:, e + 1 + si:e + 1 + 2 * si], exact), m.shared_down)
         gated = rowwise(torch.sigmoid, pre[:, e:e + 1], exact=exact) * shared
-        if exact is BATCH and h.is_cuda:
+        if exact is BATCH and h.is_cuda and h.shape[0] > EXACT_ROWS:
             # a prompt: each expert's rows in one product, its weights read once (the per-pair
-            # kernels below read an expert's weights once per row: ~3x slower than the exact path)
+            # kernels below read an expert's weights once per row). A few rows (the MTP head's
+            # draft rows) keep the per-pair kernels: the same bytes, fewer launches
             return grouped_moe.routed_experts(h, top_w, top_i, m.gu_all, m.down_all) + gated
         if isinstance(exact, Padded) or cuda_moe.available(h.device):
             # expert ids stay on the device: no host sync, capturable, one program per (row, slot)

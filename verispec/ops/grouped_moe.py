@@ -77,7 +77,8 @@ def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu
         grouped = _grouped_ok(x) and _aligned(x, gu_all, down_all)
     flat = top_i.reshape(-1)
     order = torch.argsort(flat, stable=True)                     # [P] pairs in expert order
-    counts = torch.bincount(flat, minlength=e)
+    # (torch.bincount would wait for the GPU to size its output)
+    counts = torch.zeros(e, dtype=torch.long, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
     offs = torch.cumsum(counts, 0).to(torch.int32)
     host_counts = None if grouped else counts.tolist()
     xs = x[order // k].contiguous()                             # [P, H]
