@@ -53,14 +53,15 @@ def main() -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--arms", default="exact1,exact16,batched",
                    help="which of exact1 (one row a forward), exact16, batched, batched_rows (the recurrence row by "
-                        "row, as before the chunked one) to run, comma-separated")
+                        "row: delta_steps on CUDA), batched_chunks (in chunks at any length) to run, comma-separated")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefill_rows.json"))
     a = p.parse_args()
     exact = RunSettings(max_tokens=1, prefill_batch=False, drafts=DraftSettings(lookup=False, mtp="off"))
     batched = RunSettings(max_tokens=1, prefill_batch=True, drafts=DraftSettings(lookup=False, mtp="off"))
     every = {"exact1": ("exact, 1 row a forward", (exact, 1)), "exact16": ("exact, 16 rows a forward", (exact, 16)),
              "batched": ("batched", (batched, None)),
-             "batched_rows": ("batched, the recurrence row by row", (batched, "rows"))}
+             "batched_rows": ("batched, the recurrence row by row", (batched, "rows")),
+             "batched_chunks": ("batched, the recurrence in chunks at any length", (batched, "chunks"))}
     asked = a.arms.split(",")
     if any(k not in every for k in asked):
         p.error(f"--arms: a comma-separated choice of {', '.join(every)}, got {a.arms!r}")
@@ -87,10 +88,12 @@ def main() -> int:
                 dec = eng.new_decoder(settings, prompt)
                 if isinstance(rows, int):
                     dec.config.prefill_rows = rows
-                chunk_delta.enabled = rows != "rows"
+                chunk_delta.enabled, cuda_from = rows != "rows", chunk_delta.CUDA_FROM
+                if rows == "chunks":
+                    chunk_delta.CUDA_FROM = 0
                 t = time.perf_counter()
                 eng.generate(prompt, settings, decoder=dec)
-                chunk_delta.enabled = True
+                chunk_delta.enabled, chunk_delta.CUDA_FROM = True, cuda_from
                 if r >= 0:
                     raw[name].append(len(prompt) / (time.perf_counter() - t))
         runs.append({"prompt_tokens": len(prompt), "tok_s": raw})

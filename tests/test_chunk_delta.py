@@ -33,7 +33,8 @@ def _case(rows, hv=3, dk=16, dv=8, decay=1.0, seed=0, dtype=torch.float64):
     return q, k, v, g, beta, s0
 
 
-@pytest.mark.parametrize("rows,c,decay", [(1, 4, 1.0), (16, 4, 1.0), (37, 8, 1.0), (37, 16, 0.0), (50, 8, 8.0)])
+@pytest.mark.parametrize("rows,c,decay", [(1, 4, 1.0), (16, 4, 1.0), (37, 8, 1.0), (37, 16, 0.0), (50, 8, 8.0),
+                                         (150, chunk_delta.CHUNK, 1.0)])
 def test_chunks_equal_the_rows_in_fp64(rows, c, decay):
     q, k, v, g, beta, s0 = _case(rows, decay=decay, seed=rows + c)
     want, want_state = _rowwise(q, k, v, g, beta, s0.clone())
@@ -51,6 +52,7 @@ def test_inputs_and_chunks_give_the_model_path_in_fp32():
     rows, hk, hv, dk, dv = 70, 2, 4, 16, 8
     mixed = torch.randn(rows, 2 * hk * dk + hv * dv, generator=g_)
     ba = torch.randn(rows, 2 * hv, generator=g_)
+    ba[::7, hv:] += 25.0                    # softplus(a + dt_bias) past 20: the identity branch
     a_log_exp, dt_bias = torch.rand(hv, generator=g_) + 0.1, torch.randn(hv, generator=g_)
     s0 = torch.randn(hv, dk, dv, generator=g_) * 0.1
 

@@ -530,12 +530,17 @@ class Model:
                     state.slots[r].rec[m.index].copy_(rec)
         else:
             save_conv = save_rec = None
-        if rp is BATCH and not save_slots and chunk_delta.enabled:
-            # a prompt: the conv batched, then the recurrence in chunks (verispec/ops/chunk_delta.py)
+        if rp is BATCH and not save_slots and (chunk_delta.enabled or cuda_deltanet.usable(ring)):
+            # a prompt: the conv batched, then the recurrence in chunks (verispec/ops/chunk_delta.py); on
+            # CUDA a shorter prompt takes every row in one launch, whose fixed cost is the lower one there
             mixed = dn_ops.conv_prefill(mixed, ring, m.conv)
-            qkvgb = chunk_delta.inputs(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias,
-                                       a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim)
-            o = chunk_delta.delta_rule(*qkvgb, rec).to(h.dtype)
+            heads = (a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim)
+            if chunk_delta.enabled and (not ring.is_cuda or rows >= chunk_delta.CUDA_FROM):
+                qkvgb = chunk_delta.inputs(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, *heads)
+                o = chunk_delta.delta_rule(*qkvgb, rec).to(h.dtype)
+            else:
+                o = cuda_deltanet.delta_steps(mixed.contiguous(), proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias,
+                                              rec, None, *heads, out_dtype=h.dtype)
             o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
             return lin(o.reshape(rows, vd), m.out)
         rec_slots = None

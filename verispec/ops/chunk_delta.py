@@ -14,8 +14,9 @@ with S0 the state at the chunk's start, G_t = g_1 + .. + g_t (log decays, <= 0),
 
 which is the row-by-row rule re-associated (tests/test_chunk_delta.py holds it to the row-wise
 one in fp64). The state-free parts run batched over every chunk and head (torch); the chain of
-chunks runs in one Triton launch on CUDA (the state in registers, fp32 products without TF32),
-or as a torch loop elsewhere (the CPU). Prefill only: the re-association rounds differently from the
+chunks runs in one Triton launch on CUDA (the state in registers; tl.dot in tf32x3, three TF32
+products for each: 1.2e-7 from fp64 where plain TF32 was 8e-4, bench/chunk_delta_probe.py), or as
+a torch loop elsewhere (the CPU). Prefill only: the re-association rounds differently from the
 row-wise kernels, so these bits are not a decode step's.
 """
 
@@ -32,6 +33,8 @@ except ImportError:  # pragma: no cover - the CPU machine has no triton
 
 enabled = True     # benchmarks switch it off to time the row-by-row recurrence in its place
 CHUNK = 64
+CUDA_FROM = 1024   # on CUDA, prompts of fewer rows take delta_steps (one launch; the chunks' ~45 torch ops
+                   # a layer cost more there): docs/cuda.md "Prompts on CUDA"
 BV, PREC, WARPS = 32, "tf32x3", 4   # the Triton chain: value columns a program, tl.dot's precision, warps
 
 if triton is not None:
@@ -47,7 +50,7 @@ if triton is not None:
         rv = vb * BV + tl.arange(0, BV)
         st = tl.load(s_ptr + h * DK * DV + rk[:, None] * DV + rv[None, :])       # [DK, BV]
         for i in range(N):
-            base = h * N + i
+            base = (h * N + i).to(tl.int64)      # [HV, N, C, DK] passes 2^31 elements past ~500K rows
             kc = tl.load(kc_ptr + base * C * DK + rc[:, None] * DK + rk[None, :])   # [C, DK]
             qg = tl.load(qg_ptr + base * C * DK + rc[:, None] * DK + rk[None, :])
             kd = tl.load(kd_ptr + base * C * DK + rc[:, None] * DK + rk[None, :])
@@ -135,9 +138,11 @@ def chain_triton(kc, w, qg, p, kd, dec, state, bv: int = BV, prec: str = PREC, w
 
 
 def usable(state: torch.Tensor, dk: int, dv: int) -> bool:
-    """The Triton chain: CUDA, fp32 state, power-of-two widths of at least 16 (tl.dot's)."""
-    pow2 = all(n >= 16 and n & (n - 1) == 0 for n in (dk, dv))
-    return triton is not None and state.is_cuda and state.dtype == torch.float32 and pow2
+    """The Triton chain: CUDA, a contiguous fp32 state, power-of-two widths of 16 to 128 (tl.dot's
+    least; the most its shared memory was measured to hold, call 156)."""
+    pow2 = all(16 <= n <= 128 and n & (n - 1) == 0 for n in (dk, dv))
+    return (triton is not None and state.is_cuda and state.dtype == torch.float32 and state.is_contiguous()
+            and pow2)
 
 
 def delta_rule(q, k, v, g, beta, state, c: int = CHUNK, use_triton: bool | None = None) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Gated DeltaNet: the causal-conv ring and the gated delta recurrence.
 
 Decode/verify rows go one at a time through the same fixed-shape ops a 1-row step uses,
-and the caller may copy the state after each row (copy slots). Prefill reuses the same
-per-token recurrence (sequential, vectorized over heads) with a batched conv.
+and the caller may copy the state after each row (copy slots). A batched prefill takes the
+batched conv here and the rule in chunks (verispec/ops/chunk_delta.py).
 """
 
 from __future__ import annotations
