@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV cache length (default: prompt + max tokens + 8 verify rows, at most the model's maximum)")
     r.add_argument("--prefill-batch", type=_onoffauto, default=None,
                    help="on|off|auto; off: the prompt through the exact path (bits that do not depend on threads); "
-                        "auto (default): on, except for prompts under 192 tokens on CUDA (the exact path is faster there)")
+                        "auto (default): on, except for prompts under 128 tokens on CUDA (the exact path is faster there)")
     r.add_argument("--force", default=None, help="test mode: accept|reject|mixed|cycle|rowN|bernoulli:P")
     r.add_argument("--reference", default=None, help="REF.json: the --json output of a plain run")
     r.add_argument("--json", action="store_true", help='stdout: {"ids", "text", "stats"}')
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prefill-batch", type=_onoffauto, default=None,
                    help="on|off|auto; off: prompts through the exact path (16 rows a forward), so an answer does "
                         "not depend on what the server served before; auto (default): on, except for prompts (or "
-                        "new parts of them) under 192 tokens on CUDA")
+                        "new parts of them) under 128 tokens on CUDA")
     add_draft_args(s)
 
     b = sub.add_parser("bench", help="decode speed on random weights at a named shape (e.g. qwen3.6-35b-a3b-shape)")

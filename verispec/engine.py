@@ -25,11 +25,10 @@ from .weights import Checkpoint, load_checkpoint
 
 VERIFY_ROWS = 8
 # auto on CUDA: a prompt (or the new part of one) of fewer rows goes through the graphed exact path
-# in 16-row blocks. At the 35B-A3B shape on the H200 the batched forward (eager) cost ~100 ms whatever
-# its rows, then ~0.05 ms a row; the exact path ~0.57 ms a row. Measured (device call 159,
-# bench/prefill_rows.py, tok/s exact / batched): 128 rows 1747 / 1038, 256 rows 1763 / 2615; the
-# slopes cross near 190 rows (docs/cuda.md "Prompts on CUDA").
-CUDA_BATCH_FROM = 192
+# in 16-row blocks; the batched forward (eager) has the larger fixed cost. At the 35B-A3B shape on the
+# H200 (bench/prefill_rows.py, tok/s exact / batched): 96 rows 1767 / 1465, 128 rows 1766 / 1851
+# (device call 162; 1764 / 2350 in call 161), 160 rows 1761 / 2740 (docs/cuda.md "Prompts on CUDA").
+CUDA_BATCH_FROM = 128
 
 
 @dataclass

@@ -34,7 +34,8 @@ except ImportError:  # pragma: no cover - the CPU machine has no triton
 enabled = True     # benchmarks switch it off to time the row-by-row recurrence in its place
 CHUNK = 64
 CUDA_FROM = 1024   # on CUDA, prompts of fewer rows take delta_steps (one launch; the chunks' ~45 torch ops
-                   # a layer cost more there): docs/cuda.md "Prompts on CUDA"
+                   # a layer cost more there): 512 rows 7722 / 5505 tok/s, 1024 rows 9846 / 11073 (rows /
+                   # chunks, device call 161; docs/cuda.md "Prompts on CUDA")
 BV, PREC, WARPS = 32, "tf32x3", 4   # the Triton chain: value columns a program, tl.dot's precision, warps
 
 if triton is not None:
