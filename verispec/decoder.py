@@ -74,13 +74,14 @@ class Decoder:
         start = self.state.kv_len
         t0 = self.clock()
         if self.config.prefill_batch and len(ids) >= self.config.prefill_batch_from:
-            out = self.model.forward(ids, self.state)
+            out = self.model.forward(ids, self.state, last_logits=True)
         else:
             # the exact path, as many rows a forward as a verify may take: row-invariant, so the bits
             # are those of one row at a time (tests/test_session.py), at a fraction of the forwards
             step = self.config.prefill_rows
             outs = [self.model.forward(ids[i:i + step], self.state, exact=True) for i in range(0, len(ids), step)]
-            out = ForwardOut(*(torch.cat([getattr(o, f) for o in outs]) for f in ("logits", "hidden", "hidden_pre")))
+            # only the last row's logits are read (as the batched path returns them)
+            out = ForwardOut(outs[-1].logits[-1:], *(torch.cat([getattr(o, f) for o in outs]) for f in ("hidden", "hidden_pre")))
         self.stats.prefill_seconds += self.clock() - t0
         self.stats.prompt_tokens += len(ids)
         for s in self.sources:

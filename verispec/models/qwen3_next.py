@@ -436,9 +436,12 @@ class Model:
 
     # ----- forward -----
     def forward(self, ids: Sequence[int] | torch.Tensor, state: State, *, exact: bool | None = None,
-                save_slots: bool = False) -> ForwardOut:
+                save_slots: bool = False, last_logits: bool = False) -> ForwardOut:
         """Append len(ids) rows at state.kv_len. With save_slots, the DeltaNet state after
-        row r (r < rows-1) is copied into state.slots[r] (the caller ensured the slots)."""
+        row r (r < rows-1) is copied into state.slots[r] (the caller ensured the slots).
+        last_logits: a batched forward (a prompt) returns the last row's logits only ([1, V]; the
+        exact path ignores it): a prompt's other rows' logits are never read, and at a 248K
+        vocabulary they are 1 MB a row in fp32."""
         ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
         rows = ids.shape[0]
         start = state.kv_len
@@ -458,7 +461,8 @@ class Model:
             pos = None
             if exact and isinstance(self.rows_exact, Padded):   # positions on the device: no host value in the math
                 pos = torch.arange(rows, device=self.embed.device) + start
-            out = ForwardOut(*self.core(ids.to(self.embed.device), state, start, exact, save_slots, pos))
+            out = ForwardOut(*self.core(ids.to(self.embed.device), state, start, exact, save_slots, pos,
+                                        last_logits=last_logits and not exact))
         state.kv_len = start + rows
         state.tokens.extend(ids.tolist())
         if out.logits.is_cuda:
@@ -468,8 +472,9 @@ class Model:
         return out
 
     def core(self, ids: torch.Tensor, state: State, start: int, exact: bool, save_slots: bool,
-             pos: torch.Tensor | None):
-        """The forward's device work: (logits [rows, V] fp32, hidden, hidden before the norm).
+             pos: torch.Tensor | None, last_logits: bool = False):
+        """The forward's device work: (logits [rows, V] fp32 (last_logits: [1, V]), hidden, hidden
+        before the norm).
         With `pos` (the padded policy) nothing here reads a host value that changes from step
         to step, so CUDA graphs can capture it; `start` then only sizes nothing but checks."""
         lin = self.lin_exact if exact else self.lin_fast
@@ -501,7 +506,7 @@ class Model:
                 and cuda_gemv.usable(h, self.lm_head) and not cuda_gemv.splits(*reversed(self.lm_head.shape))):
             logits = cuda_gemv.linear_rows(h, self.lm_head, out_dtype=torch.float32)   # no conversion launch
         else:
-            logits = lin(h, self.lm_head).float()
+            logits = lin(h[-1:] if last_logits else h, self.lm_head).float()
         return logits, h, x
 
     def _linear_attn(self, m: LinearAttn, h, state: State, exact, save_slots, lin, out_lin=None):
