@@ -38,7 +38,7 @@ def main() -> int:
     gg = -torch.rand(hv, a.tokens, device="cuda", generator=g) * 0.5
     beta = torch.rand(hv, a.tokens, device="cuda", generator=g)
     s0 = torch.randn(hv, dk, dv, device="cuda", generator=g) * 0.05
-    parts = list(chunk_delta.prepare(q, k, v, gg, beta))
+    parts = list(chunk_delta.chunk_parts(q, k, v, gg, beta))
     ref = chunk_delta.chain_torch(*[t.double() for t in parts], s0.double().clone())
     arms = {"torch": lambda st: chunk_delta.chain_torch(*parts, st)}
     for prec in ("tf32", "tf32x3", "ieee"):

@@ -1,6 +1,6 @@
 """The chunked delta rule of the batched prefill (verispec/ops/chunk_delta.py) on the CPU: the
 re-association against the row-by-row rule in fp64 (outputs and final state, chunk sizes that do
-and do not divide the rows, strong and no decay), and its inputs against the model's row-wise path.
+and do not divide the rows, strong and no decay), and from the model's inputs against deltanet.delta_rule_rows.
 The Triton chain is held to the torch chain on the GPU (tests/test_cuda.py)."""
 
 import pytest
@@ -39,31 +39,28 @@ def test_chunks_equal_the_rows_in_fp64(rows, c, decay):
     q, k, v, g, beta, s0 = _case(rows, decay=decay, seed=rows + c)
     want, want_state = _rowwise(q, k, v, g, beta, s0.clone())
     state = s0.clone()
-    got = chunk_delta.delta_rule(q, k, v, g, beta, state, c=c, use_triton=False)
+    got = chunk_delta.delta_rule_prepared(q, k, v, g, beta, state, c=c, use_triton=False)
     assert got.shape == (rows, q.shape[0], v.shape[-1])
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(state, want_state, rtol=1e-10, atol=1e-10)
 
 
-def test_inputs_and_chunks_give_the_model_path_in_fp32():
-    """From the conv's output and b|a columns (GQA: 2 key heads, 4 value heads), the chunked
-    prefill gives what deltanet.delta_rule_rows gives for the model's own q, k, v, g, beta."""
+def test_chunks_give_the_row_by_row_rule_from_the_models_inputs_in_fp32():
+    """From the model's q, k, v, g, beta (GQA: 2 key heads, 4 value heads; some decays past
+    softplus's linear threshold), the chunks give what deltanet.delta_rule_rows gives."""
     g_ = torch.Generator().manual_seed(7)
     rows, hk, hv, dk, dv = 70, 2, 4, 16, 8
-    mixed = torch.randn(rows, 2 * hk * dk + hv * dv, generator=g_)
-    ba = torch.randn(rows, 2 * hv, generator=g_)
-    ba[::7, hv:] += 25.0                    # softplus(a + dt_bias) past 20: the identity branch
-    a_log_exp, dt_bias = torch.rand(hv, generator=g_) + 0.1, torch.randn(hv, generator=g_)
+    q, k = torch.randn(rows, hk, dk, generator=g_), torch.randn(rows, hk, dk, generator=g_)
+    v = torch.randn(rows, hv, dv, generator=g_)
+    a = torch.randn(rows, hv, generator=g_)
+    a[::7] += 25.0
+    g = -(torch.rand(hv, generator=g_) + 0.1) * F.softplus(a)
+    beta = torch.sigmoid(torch.randn(rows, hv, generator=g_))
     s0 = torch.randn(hv, dk, dv, generator=g_) * 0.1
 
-    q, k, v, g, beta = chunk_delta.inputs(mixed, ba, a_log_exp, dt_bias, hk, dk, dv)
     state = s0.clone()
     got = chunk_delta.delta_rule(q, k, v, g, beta, state, use_triton=False)
-
     ref_state = s0.clone()
-    want = deltanet.delta_rule_rows(mixed[:, :hk * dk].reshape(rows, hk, dk),
-                                    mixed[:, hk * dk:2 * hk * dk].reshape(rows, hk, dk),
-                                    mixed[:, 2 * hk * dk:].reshape(rows, hv, dv),
-                                    -a_log_exp * F.softplus(ba[:, hv:] + dt_bias), torch.sigmoid(ba[:, :hv]), ref_state)
+    want = deltanet.delta_rule_rows(q, k, v, g, beta, ref_state)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(state, ref_state, rtol=1e-4, atol=1e-5)

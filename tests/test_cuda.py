@@ -638,7 +638,11 @@ def test_chunked_delta_rule_on_the_gpu():
     dt_bias = _rand(hv)
     s0 = torch.randn(hv, dk, dv, device="cuda") * 0.05
     assert chunk_delta.usable(s0, dk, dv)
-    q, k, v, g, beta = chunk_delta.inputs(mixed, ba, a_log_exp, dt_bias, hk, dk, dv)
+    # the model's inputs to the rule, as Model._linear_attn makes them
+    q, k = mixed[:, :hk * dk].reshape(rows, hk, dk), mixed[:, hk * dk:2 * hk * dk].reshape(rows, hk, dk)
+    v = mixed[:, 2 * hk * dk:].reshape(rows, hv, dv)
+    beta = torch.sigmoid(ba[:, :hv])
+    g = -a_log_exp * F.softplus(ba[:, hv:].float() + dt_bias)
     got = {}
     for tri in (True, False):
         st = s0.clone()

@@ -535,19 +535,6 @@ class Model:
                     state.slots[r].rec[m.index].copy_(rec)
         else:
             save_conv = save_rec = None
-        if rp is BATCH and not save_slots and (chunk_delta.enabled or cuda_deltanet.usable(ring)):
-            # a prompt: the conv batched, then the recurrence in chunks (verispec/ops/chunk_delta.py); on
-            # CUDA a shorter prompt takes every row in one launch, whose fixed cost is the lower one there
-            mixed = dn_ops.conv_prefill(mixed, ring, m.conv)
-            heads = (a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim)
-            if chunk_delta.enabled and (not ring.is_cuda or rows >= chunk_delta.CUDA_FROM):
-                qkvgb = chunk_delta.inputs(mixed, proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, *heads)
-                o = chunk_delta.delta_rule(*qkvgb, rec).to(h.dtype)
-            else:
-                o = cuda_deltanet.delta_steps(mixed.contiguous(), proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias,
-                                              rec, None, *heads, out_dtype=h.dtype)
-            o = gated_rms_norm(o, z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
-            return lin(o.reshape(rows, vd), m.out)
         rec_slots = None
         if cuda_deltanet.usable(ring):   # (a batched forward here) the kernel writes the copy slots itself
             save_conv = save_rec = None
@@ -556,12 +543,22 @@ class Model:
             mixed = dn_ops.conv_rows(mixed, ring, m.conv, on_row=save_conv)
         else:
             mixed = dn_ops.conv_prefill(mixed, ring, m.conv)
-        q = mixed[:, :kd].reshape(rows, a.linear_num_key_heads, a.linear_key_head_dim)
-        k = mixed[:, kd:2 * kd].reshape(rows, a.linear_num_key_heads, a.linear_key_head_dim)
-        v = mixed[:, 2 * kd:].reshape(rows, hv, a.linear_value_head_dim)
-        beta = rowwise(torch.sigmoid, b, exact=rp)
-        g = -m.a_log_exp * rowwise(F.softplus, a_.float() + m.dt_bias, exact=rp)
-        o = dn_ops.delta_rule_rows(q, k, v, g, beta, rec, on_row=save_rec, rows_policy=rp, slots=rec_slots)
+        prompt = rp is BATCH and not save_slots
+        heads = (a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim)
+        if prompt and cuda_deltanet.usable(ring) and not chunk_delta.runs(rows, ring):
+            # a shorter prompt on CUDA: every row in one launch, whose fixed cost is the lower one there
+            o = cuda_deltanet.delta_steps(mixed.contiguous(), proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec,
+                                          None, *heads, out_dtype=h.dtype)
+        else:
+            q = mixed[:, :kd].reshape(rows, heads[0], heads[1])
+            k = mixed[:, kd:2 * kd].reshape(rows, heads[0], heads[1])
+            v = mixed[:, 2 * kd:].reshape(rows, hv, heads[2])
+            beta = rowwise(torch.sigmoid, b, exact=rp)
+            g = -m.a_log_exp * rowwise(F.softplus, a_.float() + m.dt_bias, exact=rp)
+            if prompt and chunk_delta.runs(rows, ring):   # a prompt: the rows in chunks (verispec/ops/chunk_delta.py)
+                o = chunk_delta.delta_rule(q, k, v, g, beta, rec, rp)
+            else:
+                o = dn_ops.delta_rule_rows(q, k, v, g, beta, rec, on_row=save_rec, rows_policy=rp, slots=rec_slots)
         o = gated_rms_norm(o.to(h.dtype), z.reshape(rows, hv, a.linear_value_head_dim), m.norm, a.rms_norm_eps, rp)
         return lin(o.reshape(rows, vd), m.out)
 

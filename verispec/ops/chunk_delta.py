@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import deltanet
+
 try:
     import triton
     import triton.language as tl
@@ -65,27 +67,6 @@ if triton is not None:
         tl.store(s_ptr + h * DK * DV + rk[:, None] * DV + rv[None, :], st)
 
 
-def inputs(mixed: torch.Tensor, ba: torch.Tensor, a_log_exp: torch.Tensor, dt_bias: torch.Tensor, hk: int, dk: int,
-           dv: int, eps: float = 1e-6):
-    """The rule's inputs from the conv's output and the b|a columns, as delta_steps makes them:
-    mixed [P, >= 2*hk*dk + Hv*dv] (q|k|v), ba [P, >= 2*Hv] -> q, k [Hv, P, dk] (L2-normed, q
-    scaled by dk^-0.5, repeated to the value heads), v [Hv, P, dv], g, beta [Hv, P]; fp32."""
-    rows = mixed.shape[0]
-    hv = a_log_exp.shape[0]
-    q = mixed[:, :hk * dk].float().reshape(rows, hk, dk)
-    k = mixed[:, hk * dk:2 * hk * dk].float().reshape(rows, hk, dk)
-    v = mixed[:, 2 * hk * dk:2 * hk * dk + hv * dv].float().reshape(rows, hv, dv)
-    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + eps) * dk ** -0.5
-    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + eps)
-    rep = hv // hk
-    q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
-    b = ba[:, :hv]
-    beta = torch.sigmoid(b.float()).to(b.dtype).float()            # rounded as the kernel rounds it
-    a = ba[:, hv:2 * hv].float() + dt_bias.float()
-    g = -a_log_exp.float() * torch.where(a > 20.0, a, torch.log1p(torch.exp(a)))
-    return (q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), g.t(), beta.t())
-
-
 def _chunks(x: torch.Tensor, c: int) -> torch.Tensor:
     """[Hv, P, *] -> [Hv, N, c, *], zero rows after the last (a zero row changes nothing: k = v
     = beta = 0 adds no delta, g = 0 no decay)."""
@@ -96,7 +77,7 @@ def _chunks(x: torch.Tensor, c: int) -> torch.Tensor:
     return x.reshape(x.shape[0], -1, c, *x.shape[2:])
 
 
-def prepare(q, k, v, g, beta, c: int = CHUNK):
+def chunk_parts(q, k, v, g, beta, c: int = CHUNK):
     """The state-free parts of every chunk (module doc): Kc, W, Q~ = diag(exp(G)) Q, P (masked
     Q K^T), Kd = diag(exp(G_C - G)) K [Hv, N, c, *] and exp(G_C) [Hv, N]."""
     q, k, v, g, beta = (_chunks(t, c) for t in (q, k, v, g, beta))
@@ -146,12 +127,25 @@ def usable(state: torch.Tensor, dk: int, dv: int) -> bool:
             and pow2)
 
 
-def delta_rule(q, k, v, g, beta, state, c: int = CHUNK, use_triton: bool | None = None) -> torch.Tensor:
-    """q, k [Hv, P, dk], v [Hv, P, dv], g, beta [Hv, P] fp32 (from `inputs`); state [Hv, dk, dv]
-    fp32, updated in place -> o [P, Hv, dv] fp32, the row-wise rule's outputs."""
+def runs(rows: int, state: torch.Tensor) -> bool:
+    """Whether a prompt of `rows` rows takes the chunks: on, and on CUDA CUDA_FROM rows or more."""
+    return enabled and (not state.is_cuda or rows >= CUDA_FROM)
+
+
+def delta_rule_prepared(q, k, v, g, beta, state, c: int = CHUNK, use_triton: bool | None = None) -> torch.Tensor:
+    """q, k [Hv, P, dk], v [Hv, P, dv], g, beta [Hv, P] fp32 (normed, scaled, repeated: deltanet.prepare's,
+    heads first); state [Hv, dk, dv] fp32, updated in place -> o [P, Hv, dv] fp32."""
     rows = q.shape[1]
-    parts = prepare(q, k, v, g, beta, c)
+    parts = chunk_parts(q, k, v, g, beta, c)
     if use_triton is None:
         use_triton = usable(state, q.shape[-1], v.shape[-1])
     out = (chain_triton if use_triton else chain_torch)(*parts, state)
     return out.reshape(out.shape[0], -1, out.shape[-1])[:, :rows].transpose(0, 1)
+
+
+def delta_rule(q, k, v, g, beta, state, rows_policy=None, c: int = CHUNK, use_triton: bool | None = None):
+    """deltanet.delta_rule_rows's inputs and result (q, k [P, Hk, dk]; v [P, Hv, dv]; g, beta [P, Hv];
+    state [Hv, dk, dv] fp32 in place -> [P, Hv, dv] fp32), the rows in chunks."""
+    q, k, v, g, beta = deltanet.prepare(q, k, v, g, beta, rows_policy)
+    return delta_rule_prepared(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), g.t(), beta.t(), state, c,
+                               use_triton)
