@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
 
 from .errors import UsageError, VerispecError
@@ -138,7 +140,6 @@ def _model_dir(arg: str | None) -> Path:
         return d
     d = default_model_dir()
     if not (d / "config.json").exists():
-        import os
         if os.environ.get("VERISPEC_MODEL"):
             raise UsageError(f"no --model given and VERISPEC_MODEL={d} names no model directory (no config.json)")
         raise UsageError(f"no --model given and the bundled model is not installed at {d}")
@@ -230,7 +231,6 @@ def _check_writable(path: str) -> None:
         raise UsageError(f"--dump-logits {path}: is a directory (give a file name, e.g. {p / 'logits.npy'})")
     if not p.resolve().parent.is_dir():
         raise UsageError(f"--dump-logits {path}: its directory does not exist")
-    import os
     if not os.access(p.resolve().parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise UsageError(f"--dump-logits {path}: not writable")
 
@@ -241,7 +241,6 @@ def _print_stdout(text: str) -> None:
     try:
         print(text, flush=True)
     except BrokenPipeError:
-        import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit
 
 
@@ -311,7 +310,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except VerispecError as e:
         if debug:
-            import traceback
             traceback.print_exc()
         print(f"verispec: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -319,7 +317,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # a bug or an environment failure: still one line
         if debug:
-            import traceback
             traceback.print_exc()
             print(f"verispec: error: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
