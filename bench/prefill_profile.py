@@ -1,10 +1,14 @@
 """Where a batched prefill's time goes on the GPU: one prompt through `--prefill-batch on` under
 torch.profiler, GPU time summed by kernel, at a random-weight shape.
 
-    python3 bench/prefill_profile.py [--random-config qwen3.6-35b-a3b-shape] [--tokens 4096] [--layers N]
+    python3 bench/prefill_profile.py [--random-config qwen3.6-35b-a3b-shape] [--tokens 4096] [--layers N] [--host]
 
 Prints the wall time of the profiled prefill (after one warm-up), the GPU time summed over its
 kernels, and the kernels with the most GPU time; writes the table to --out (JSON).
+--host instead asks where the host's time goes: how long the forward takes to queue its work
+against how long until that work is done (a forward whose queueing takes as long as the whole
+is bound by its launches, not the GPU), the operations that made the host wait for the GPU
+(torch.cuda.set_sync_debug_mode), and the torch operations by host time and count.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--host", action="store_true", help="where the host's time goes (see above)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefill_profile.json"))
     a = p.parse_args()
     if not torch.cuda.is_available():
@@ -38,6 +43,8 @@ def main() -> int:
     model = Engine.from_checkpoint(random_checkpoint(cfg, seed=1, device=ex.device, dtype=ex.dtype), ex).model
     ids = torch.tensor([(i * 7919 + 13) % (cfg["vocab_size"] - 1) + 1 for i in range(a.tokens)])
     model.forward(ids, model.new_state(a.tokens + 8), exact=False)          # warm-up: compiles, caches
+    if a.host:
+        return host(model, ids, a)
     st = model.new_state(a.tokens + 8)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         t = time.perf_counter()
@@ -58,6 +65,59 @@ def main() -> int:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"tokens": a.tokens, "layers": cfg["num_hidden_layers"], "wall_s": wall,
                                        "gpu_us": total, "kernels": [[n, us, c] for n, (us, c) in top]}, indent=1))
+    return 0
+
+
+def host(model, ids: torch.Tensor, a) -> int:
+    """Queueing time against completion time, medians of 5; then the syncs and the host ops."""
+    dev = model.embed.device
+    queued, done = [], []
+    for _ in range(5):
+        st = model.new_state(a.tokens + 8)
+        torch.cuda.synchronize(dev)
+        t = time.perf_counter()
+        model.core(ids.to(dev), st, 0, False, False, None, last_logits=True)
+        queued.append(time.perf_counter() - t)
+        torch.cuda.synchronize(dev)
+        done.append(time.perf_counter() - t)
+    q, d = sorted(queued)[2], sorted(done)[2]
+    print(f"{a.tokens} tokens: queued in {q * 1e3:.1f} ms, done after {d * 1e3:.1f} ms (medians of 5)")
+    import warnings
+    st = model.new_state(a.tokens + 8)
+    torch.cuda.synchronize(dev)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            model.core(ids.to(dev), st, 0, False, False, None, last_logits=True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = {}
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            key = f"{w.filename}:{w.lineno}"
+            syncs[key] = syncs.get(key, 0) + 1
+    print(f"synchronizing operations: {sum(syncs.values())}")
+    for k, n in sorted(syncs.items(), key=lambda kv: -kv[1]):
+        print(f"  {n:5d}x {k}")
+    st = model.new_state(a.tokens + 8)
+    torch.cuda.synchronize(dev)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        model.core(ids.to(dev), st, 0, False, False, None, last_logits=True)
+        torch.cuda.synchronize(dev)
+    ops = {}
+    for ev in prof.key_averages():
+        ops[ev.key] = (ev.self_cpu_time_total, ev.count)
+    total = sum(v[0] for v in ops.values())
+    launches = sum(v[1] for k, v in ops.items() if k in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
+                                                         "cuLaunchKernelEx"))
+    print(f"host self time {total / 1e3:.1f} ms; kernel launches {launches}")
+    top = sorted(ops.items(), key=lambda kv: -kv[1][0])[:a.top]
+    for name, (us, n) in top:
+        print(f"{us / 1e3:9.2f} ms {n:6d}x  {name[:100]}")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"tokens": a.tokens, "queued_s": queued, "done_s": done, "syncs": syncs,
+                                       "launches": launches, "host_ops": [[n, us, c] for n, (us, c) in top]}, indent=1))
     return 0
 
 

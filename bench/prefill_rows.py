@@ -3,7 +3,7 @@ against EXACT_ROWS (16) rows a forward (the same bits: row invariance, tests/tes
 the batched prefill (fast kernels, bits that may depend on the row count and threads), on the
 bundled model.
 
-    python bench/prefill_rows.py [--tokens 480[,N...]] [--rounds 5] [--threads N] [--arms exact1,exact16,batched,batched_rows]
+    python bench/prefill_rows.py [--tokens 480[,N...]] [--rounds 5] [--threads N] [--arms exact1,exact16,batched,...]
     python bench/prefill_rows.py --random-config qwen3.6-35b-a3b-shape --device cuda [--layers N]
 
 With --random-config: random weights at that shape (verispec/random_model.py) on --device, and a
@@ -52,14 +52,16 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--arms", default="exact1,exact16,batched",
-                   help="which of exact1 (one row a forward), exact16, batched, batched_rows (the recurrence row by "
-                        "row: delta_steps on CUDA), batched_chunks (in chunks at any length) to run, comma-separated")
+                   help="which of exact1 (one row a forward), exact16, batched, batched_eager (batched without the "
+                        "prompt graphs of verispec/prompt_graphs.py), batched_rows (the recurrence row by row: "
+                        "delta_steps on CUDA), batched_chunks (in chunks at any length) to run, comma-separated")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefill_rows.json"))
     a = p.parse_args()
     exact = RunSettings(max_tokens=1, prefill_batch=False, drafts=DraftSettings(lookup=False, mtp="off"))
     batched = RunSettings(max_tokens=1, prefill_batch=True, drafts=DraftSettings(lookup=False, mtp="off"))
     every = {"exact1": ("exact, 1 row a forward", (exact, 1)), "exact16": ("exact, 16 rows a forward", (exact, 16)),
              "batched": ("batched", (batched, None)),
+             "batched_eager": ("batched, no prompt graphs", (batched, "eager")),
              "batched_rows": ("batched, the recurrence row by row", (batched, "rows")),
              "batched_chunks": ("batched, the recurrence in chunks at any length", (batched, "chunks"))}
     asked = a.arms.split(",")
@@ -83,7 +85,9 @@ def main() -> int:
     runs = []
     for prompt in _prompts(eng, a, sizes):
         raw = {k: [] for k in arms}
-        for r in range(-1, a.rounds):          # round -1 warms up (graph captures, kernel compiles): not kept
+        # rounds -2 and -1 warm up, not kept: kernel compiles, graph captures (a prompt's bucket is
+        # captured on its second use)
+        for r in range(-2, a.rounds):
             for name, (settings, rows) in arms.items():
                 dec = eng.new_decoder(settings, prompt)
                 if isinstance(rows, int):
@@ -91,9 +95,13 @@ def main() -> int:
                 chunk_delta.enabled, cuda_from = rows != "rows", chunk_delta.CUDA_FROM
                 if rows == "chunks":
                     chunk_delta.CUDA_FROM = 0
+                graphs = eng.model.prompt_graphs
+                if rows == "eager":
+                    eng.model.prompt_graphs = None
                 t = time.perf_counter()
                 eng.generate(prompt, settings, decoder=dec)
                 chunk_delta.enabled, chunk_delta.CUDA_FROM = True, cuda_from
+                eng.model.prompt_graphs = graphs
                 if r >= 0:
                     raw[name].append(len(prompt) / (time.perf_counter() - t))
         runs.append({"prompt_tokens": len(prompt), "tok_s": raw})

@@ -619,10 +619,43 @@ def test_prefill_attention_after_a_prefix_on_the_gpu(rows):
     assert _rel(moved, attention.attend_rows(q.float(), kc.float(), vc.float(), start, hd ** -0.5)) < 1e-2
 
 
+def test_prompt_graphs_equal_their_eager_padded_runs(real_shaped):
+    """A fresh prompt's graphed batched forward (verispec/prompt_graphs.py) gives the bits of the same
+    padded forward run eager: the last logits, every row's hidden states, the cache rows and the
+    recurrent state it leaves, over three buckets, a bucket replayed for another prompt and another
+    State; and the padded forward stays close to the unpadded one (bf16 rounding of other shapes)."""
+    from verispec.prompt_graphs import PromptGraphs
+
+    m = real_shaped.model
+    assert m.prompt_graphs is not None
+    eager = PromptGraphs(m, m.prompt_graphs.min_rows, capture_after=None)
+    graphed = PromptGraphs(m, m.prompt_graphs.min_rows, capture_after=0)
+    for n, seed in ((20, 0), (130, 1), (20, 2), (200, 3), (130, 4)):
+        ids = torch.tensor([(i * 7919 + 13 * seed) % 248000 + 1 for i in range(n)])
+        outs, states = [], []
+        for pg in (eager, graphed):
+            st = m.new_state(n + 8)
+            outs.append(pg.forward(ids, st))
+            states.append([t[:, :n] for t in st.k + st.v] + st.recurrent.conv + st.recurrent.rec)
+        (e, g), (se, sg) = outs, states
+        assert torch.equal(e.logits, g.logits) and torch.equal(e.hidden, g.hidden), n
+        assert torch.equal(e.hidden_pre, g.hidden_pre) and e.hidden.shape[0] == n
+        assert all(torch.equal(a, b) for a, b in zip(se, sg)), n
+        plain = m.forward(ids, m.new_state(n + 8), exact=False)     # no last_logits: the unpadded path
+        assert _rel(g.logits, plain.logits[-1:]) < 1e-2 and _rel(g.hidden, plain.hidden) < 1e-2, n
+    assert graphed.captures == 3 and eager.captures == 0 and len(graphed.graphs) == 3
+
+
 def test_matrix_after_a_batched_prefill_on_cuda(real_shaped):
     """The drafts-vs-no-drafts matrix with every arm's prompt (36 rows) through the batched kernels
-    (--prefill-batch on): the grouped experts, the one-launch recurrence, SDPA."""
+    (--prefill-batch on): the grouped experts, the one-launch recurrence, SDPA, padded to a bucket of
+    rows and replayed from a CUDA graph (verispec/prompt_graphs.py)."""
+    from verispec.prompt_graphs import STEP
+
+    pg = real_shaped.model.prompt_graphs
+    used = pg.uses.get(STEP, 0)
     assert check_matrix(real_shaped, REPEAT_PROMPT * 2, 24, prefill_batch=True) > 60
+    assert pg.uses[STEP] >= used + 2 and STEP in pg.graphs    # every arm's prompt went through the bucket
 
 
 def test_chunked_delta_rule_on_the_gpu():

@@ -403,9 +403,12 @@ class Model:
             raise ModelFormatError("checkpoint is missing tensor lm_head.weight (and tie_word_embeddings is false)")
         w.finish()
         self.rope = RopeTable(a.head_dim, a.partial_rotary_factor, a.rope_theta, ex.torch_device)
+        self.prompt_graphs = None   # fresh prompts' batched forwards (verispec/prompt_graphs.py)
         if ex.graphs and ex.is_cuda:
             from ..cuda_graphs import GraphedForward
+            from ..prompt_graphs import PromptGraphs
             self.graphs = GraphedForward(self, ex.pad_rows)
+            self.prompt_graphs = PromptGraphs(self, EXACT_ROWS + 1)
 
     # ----- state -----
     def new_state(self, max_len: int) -> State:
@@ -457,6 +460,9 @@ class Model:
             raise ValueError(f"an exact forward on {self.exec.device} takes at most {self.rows_exact.n} rows")
         if exact and self.graphs is not None:
             out = self.graphs.forward(ids, state, save_slots)
+        elif (not exact and last_logits and not save_slots and start == 0 and self.prompt_graphs is not None
+              and self.prompt_graphs.bucket(rows) is not None):
+            out = self.prompt_graphs.forward(ids, state)
         else:
             pos = None
             if exact and isinstance(self.rows_exact, Padded):   # positions on the device: no host value in the math
@@ -472,11 +478,14 @@ class Model:
         return out
 
     def core(self, ids: torch.Tensor, state: State, start: int, exact: bool, save_slots: bool,
-             pos: torch.Tensor | None, last_logits: bool = False):
+             pos: torch.Tensor | None, last_logits: bool = False, n_real: torch.Tensor | None = None):
         """The forward's device work: (logits [rows, V] fp32 (last_logits: [1, V]), hidden, hidden
         before the norm).
         With `pos` (the padded policy) nothing here reads a host value that changes from step
-        to step, so CUDA graphs can capture it; `start` then only sizes nothing but checks."""
+        to step, so CUDA graphs can capture it; `start` then only sizes nothing but checks.
+        n_real (a batched forward, a device count): the rows from n_real on are padding after the
+        prompt (verispec/prompt_graphs.py): the DeltaNet state skips them and last_logits is row
+        n_real-1's."""
         lin = self.lin_exact if exact else self.lin_fast
         rp = self.rows_exact if exact else BATCH
         eps = self.args.rms_norm_eps
@@ -486,9 +495,10 @@ class Model:
         # on CUDA the mixers' output products hand their split-K partials to the residual add
         # and norm after them, which sums them (one launch fewer per layer)
         out_lin = _partials_linear(lin) if rp is not BATCH and self.exec.pad_rows == cuda_gemv.ROWS else None
+        live = None if n_real is None else torch.arange(ids.shape[0], device=ids.device) < n_real   # [rows]
         for i, layer in enumerate(self.layers):
             if isinstance(layer.mixer, LinearAttn):
-                h = self._linear_attn(layer.mixer, h, state, rp, save_slots, lin, out_lin)
+                h = self._linear_attn(layer.mixer, h, state, rp, save_slots, lin, out_lin, n_real, live)
             else:
                 h = self._full_attn(layer.mixer, h, state, start, rp, lin, pos=pos, out_lin=out_lin)
             if (isinstance(layer.mlp, MoE) and cuda_fusions.NORM_ROUTER and self._moe_kernels(layer.mlp, x, rp)
@@ -506,10 +516,12 @@ class Model:
                 and cuda_gemv.usable(h, self.lm_head) and not cuda_gemv.splits(*reversed(self.lm_head.shape))):
             logits = cuda_gemv.linear_rows(h, self.lm_head, out_dtype=torch.float32)   # no conversion launch
         else:
-            logits = lin(h[-1:] if last_logits else h, self.lm_head).float()
+            last = h[-1:] if n_real is None else h.index_select(0, (n_real - 1).reshape(1))
+            logits = lin(last if last_logits else h, self.lm_head).float()
         return logits, h, x
 
-    def _linear_attn(self, m: LinearAttn, h, state: State, exact, save_slots, lin, out_lin=None):
+    def _linear_attn(self, m: LinearAttn, h, state: State, exact, save_slots, lin, out_lin=None, n_real=None,
+                     live=None):
         a = self.args
         rp = policy(exact)
         rows = h.shape[0]
@@ -523,8 +535,12 @@ class Model:
         proj = lin(h, m.w_in)                                   # [rows, q|k|v|z|b|a]
         mixed = proj[:, :2 * kd + vd]
         z = proj[:, 2 * kd + vd:2 * kd + 2 * vd]
-        b = proj[:, 2 * kd + 2 * vd:2 * kd + 2 * vd + hv]
-        a_ = proj[:, 2 * kd + 2 * vd + hv:]
+        ba = proj[:, 2 * kd + 2 * vd:]
+        if live is not None:
+            # padding rows: b = a = -inf gives beta = 0 and a decay of exp(-0) = 1, so the
+            # recurrence passes the state through them unchanged, in either kernel
+            ba = torch.where(live[:, None], ba, float("-inf"))
+        b, a_ = ba[:, :hv], ba[:, hv:]
         if save_slots:
             def save_conv(r):
                 if r < rows - 1:
@@ -542,12 +558,12 @@ class Model:
         if rp is not BATCH:
             mixed = dn_ops.conv_rows(mixed, ring, m.conv, on_row=save_conv)
         else:
-            mixed = dn_ops.conv_prefill(mixed, ring, m.conv)
+            mixed = dn_ops.conv_prefill(mixed, ring, m.conv, n_real)
         prompt = rp is BATCH and not save_slots
         heads = (a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim)
         if prompt and cuda_deltanet.usable(ring) and not chunk_delta.runs(rows, ring):
             # a shorter prompt on CUDA: every row in one launch, whose fixed cost is the lower one there
-            o = cuda_deltanet.delta_steps(mixed.contiguous(), proj[:, 2 * kd + 2 * vd:], m.a_log_exp, m.dt_bias, rec,
+            o = cuda_deltanet.delta_steps(mixed.contiguous(), ba, m.a_log_exp, m.dt_bias, rec,
                                           None, *heads, out_dtype=h.dtype)
         else:
             q = mixed[:, :kd].reshape(rows, heads[0], heads[1])

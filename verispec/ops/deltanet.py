@@ -37,13 +37,18 @@ def conv_rows(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor,
     return out
 
 
-def conv_prefill(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Batched causal conv for a prompt chunk. x [rows, C]; ring [C, K-1] updated in place."""
+def conv_prefill(x: torch.Tensor, ring: torch.Tensor, weight: torch.Tensor,
+                 n_real: torch.Tensor | None = None) -> torch.Tensor:
+    """Batched causal conv for a prompt chunk. x [rows, C]; ring [C, K-1] updated in place.
+    n_real (a device count): rows from n_real on are padding, and the ring ends at row n_real-1."""
     rows, c = x.shape
     k = weight.shape[1]
     full = torch.cat([ring, x.t()], dim=1)                              # [C, K-1+rows]
     out = F.conv1d(full[None], weight[:, None, :], groups=c)[0]         # [C, rows]
-    ring.copy_(full[:, full.shape[1] - (k - 1):])
+    if n_real is None:
+        ring.copy_(full[:, full.shape[1] - (k - 1):])
+    else:
+        ring.copy_(full.index_select(1, torch.arange(k - 1, device=x.device) + n_real))
     return F.silu(out.t())
 
 

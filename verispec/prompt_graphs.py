@@ -1,0 +1,122 @@
+"""CUDA graphs of a fresh prompt's batched forward, one per bucket of rows.
+
+Eager, a batched prefill on CUDA is bound by its launches, not the GPU: ~2,560 kernels for 40
+layers, queued at ~30 us each, so a 128-row prompt at the 35B-A3B shape took 81 ms to queue work
+the GPU did in 36 (`bench/prefill_profile.py --host`, device call 165). A graph replays them in
+one call.
+
+Graphs want fixed shapes and addresses, and a prompt has neither, so:
+- rows: a prompt of R rows (EXACT_ROWS < R < chunk_delta.CUDA_FROM, where the recurrence runs row
+  by row in one launch) is padded with id 0 to B = R rounded up to STEP. The padding sits after
+  the prompt, so causal attention keeps it out of the prompt's rows; the DeltaNet's conv ring is
+  taken at row R and its recurrence skips the padding (Model.core's `n_real`); the prompt's logits
+  come from row R-1.
+- addresses: the graph runs on its own scratch state, zeroed inside the graph (a fresh prompt
+  starts from zeros: State.allocate and State.reset), and the result (the recurrent state, the
+  cache's first R rows) is copied into the caller's state after. So one capture serves every
+  State, unlike the exact path's graphs, which bind one State's tensors.
+
+A bucket runs eager (the same padded shapes, so the same bits: tests/test_cuda.py) until it has
+been used CAPTURE_AFTER times, then is captured: a single prompt (`verispec run`) never pays for a
+capture; a server pays once per bucket.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .ops import chunk_delta
+
+STEP = 64               # bucket width: a prompt's padding is at most STEP-1 rows
+CAPTURE_AFTER = 1       # eager uses of a bucket before it is captured
+
+
+class PromptGraphs:
+    def __init__(self, model, min_rows: int, capture_after: int | None = CAPTURE_AFTER):
+        """capture_after: eager uses of a bucket before its capture; None: never capture (the
+        eager padded path alone, which also runs on the CPU: tests)."""
+        self.model = model
+        self.min_rows = min_rows
+        self.capture_after = capture_after
+        self.scratch = None
+        self.ids = self.n_real = None
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple]] = {}
+        self.uses: dict[int, int] = {}
+        self.pool = None
+        self.captures = 0
+
+    @staticmethod
+    def max_rows() -> int:
+        # the row-by-row recurrence's range (from chunk_delta.CUDA_FROM the chunks, whose fixed
+        # cost is paid once for the whole prompt, make the launches' cost small beside it)
+        return chunk_delta.CUDA_FROM - 1
+
+    def bucket(self, rows: int) -> int | None:
+        """The padded row count of a fresh prompt of `rows` rows, or None: not this path."""
+        top = self.max_rows()
+        if rows < self.min_rows or rows > top:
+            return None
+        return min(-(-rows // STEP) * STEP, top)
+
+    def _ready(self, b: int) -> None:
+        if self.scratch is None or self.scratch.shapes.max_len < b:
+            # sized for the largest bucket at once (a re-allocation drops every capture); at the
+            # 35B-A3B shape 1023 rows of cache are ~21 MB beside the recurrent state's 60 MB
+            dev = self.model.embed.device
+            self.scratch = self.model.new_state(max(b, self.max_rows()))
+            self.ids = torch.zeros(b, dtype=torch.long, device=dev)
+            self.n_real = torch.zeros((), dtype=torch.long, device=dev)
+            self.graphs.clear()     # captured over the old scratch's addresses
+            self.pool = None
+
+    def _core(self, b: int):
+        st = self.scratch
+        for t in st.recurrent.conv + st.recurrent.rec:
+            t.zero_()
+        return self.model.core(self.ids[:b], st, 0, False, False, None, last_logits=True, n_real=self.n_real)
+
+    def _capture(self, b: int):
+        # a warm-up on a side stream first (cuBLAS workspaces, Triton compiles), as torch asks;
+        # it writes only the scratch state, which every run zeroes first
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._core(b)
+        torch.cuda.current_stream().wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self._core(b)
+        self.captures += 1
+        return graph, out
+
+    def forward(self, ids: torch.Tensor, state):
+        """The batched forward of a whole prompt (state.kv_len == 0) -> ForwardOut with the last
+        row's logits [1, V] and every prompt row's hidden states; `state` gets the prompt."""
+        from .models.qwen3_next import ForwardOut
+
+        rows = ids.shape[0]
+        b = self.bucket(rows)
+        if b is None or state.kv_len != 0:
+            raise ValueError(f"a prompt graph takes a fresh prompt of {self.min_rows}..{self.max_rows()} rows")
+        self._ready(b)
+        self.ids[:rows].copy_(ids)
+        self.ids[rows:b].zero_()      # the padding's ids, fixed: the same prompt gives the same bits
+        self.n_real.fill_(rows)
+        used = self.uses.get(b, 0)
+        self.uses[b] = used + 1
+        if b not in self.graphs and self.capture_after is not None and used >= self.capture_after:
+            self.graphs[b] = self._capture(b)
+        if b in self.graphs:
+            graph, out = self.graphs[b]
+            graph.replay()
+        else:
+            out = self._core(b)
+        st = self.scratch
+        torch._foreach_copy_(state.recurrent.conv + state.recurrent.rec, st.recurrent.conv + st.recurrent.rec)
+        for dst, src in zip(state.k + state.v, st.k + st.v):
+            dst[:, :rows].copy_(src[:, :rows])
+        # the next run (of any bucket: they share one memory pool) overwrites `out`
+        logits, hidden, pre = out
+        return ForwardOut(logits.clone(), hidden[:rows].clone(), pre[:rows].clone())
