@@ -30,6 +30,7 @@ from verispec.config import DraftSettings, RunSettings, default_model_dir
 from verispec.engine import Engine, load_engine
 from verispec.execution import Execution
 from verispec.ops import chunk_delta
+from verispec.prompt_graphs import PromptGraphs
 from verispec.random_model import preset_config, random_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,8 +53,9 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--arms", default="exact1,exact16,batched",
-                   help="which of exact1 (one row a forward), exact16, batched, batched_eager (batched without the "
-                        "prompt graphs of verispec/prompt_graphs.py), batched_rows (the recurrence row by row: "
+                   help="which of exact1 (one row a forward), exact16, batched, batched_eager (the prompt padded to "
+                        "its bucket but never captured: a bucket's first run, verispec/prompt_graphs.py), "
+                        "batched_unpadded (no prompt graphs at all), batched_rows (the recurrence row by row: "
                         "delta_steps on CUDA), batched_chunks (in chunks at any length) to run, comma-separated")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefill_rows.json"))
     a = p.parse_args()
@@ -61,7 +63,8 @@ def main() -> int:
     batched = RunSettings(max_tokens=1, prefill_batch=True, drafts=DraftSettings(lookup=False, mtp="off"))
     every = {"exact1": ("exact, 1 row a forward", (exact, 1)), "exact16": ("exact, 16 rows a forward", (exact, 16)),
              "batched": ("batched", (batched, None)),
-             "batched_eager": ("batched, no prompt graphs", (batched, "eager")),
+             "batched_eager": ("batched, prompt graphs never captured (a bucket's first run)", (batched, "eager")),
+             "batched_unpadded": ("batched, no prompt graphs (unpadded, eager)", (batched, "unpadded")),
              "batched_rows": ("batched, the recurrence row by row", (batched, "rows")),
              "batched_chunks": ("batched, the recurrence in chunks at any length", (batched, "chunks"))}
     asked = a.arms.split(",")
@@ -83,6 +86,7 @@ def main() -> int:
     else:
         eng = load_engine(default_model_dir(), device=a.device)
     runs = []
+    uncaptured = None
     for prompt in _prompts(eng, a, sizes):
         raw = {k: [] for k in arms}
         # rounds -2 and -1 warm up, not kept: kernel compiles, graph captures (a prompt's bucket is
@@ -96,7 +100,10 @@ def main() -> int:
                 if rows == "chunks":
                     chunk_delta.CUDA_FROM = 0
                 graphs = eng.model.prompt_graphs
-                if rows == "eager":
+                if rows == "eager" and graphs is not None:
+                    eng.model.prompt_graphs = uncaptured = uncaptured or PromptGraphs(eng.model, graphs.min_rows,
+                                                                                      capture_after=None)
+                elif rows in ("eager", "unpadded"):
                     eng.model.prompt_graphs = None
                 t = time.perf_counter()
                 eng.generate(prompt, settings, decoder=dec)

@@ -619,15 +619,21 @@ def test_prefill_attention_after_a_prefix_on_the_gpu(rows):
     assert _rel(moved, attention.attend_rows(q.float(), kc.float(), vc.float(), start, hd ** -0.5)) < 1e-2
 
 
+def _prompt_state(st, n):
+    return [t[:, :n] for t in st.k + st.v] + st.recurrent.conv + st.recurrent.rec
+
+
 def test_prompt_graphs_equal_their_eager_padded_runs(real_shaped):
     """A fresh prompt's graphed batched forward (verispec/prompt_graphs.py) gives the bits of the same
     padded forward run eager: the last logits, every row's hidden states, the cache rows and the
     recurrent state it leaves, over three buckets, a bucket replayed for another prompt and another
-    State; and the padded forward stays close to the unpadded one (bf16 rounding of other shapes)."""
+    State. Against the unpadded forward (other shapes, so bf16 rounding apart) the logits, hidden
+    states, cache rows and the conv and recurrent states it leaves are close: the padding after the
+    prompt reaches none of them (the one-launch recurrence fed b = a = -inf on the padding rows)."""
     from verispec.prompt_graphs import PromptGraphs
 
     m = real_shaped.model
-    assert m.prompt_graphs is not None
+    assert m.prompt_graphs is not None and m.prompt_graphs.capturable()
     eager = PromptGraphs(m, m.prompt_graphs.min_rows, capture_after=None)
     graphed = PromptGraphs(m, m.prompt_graphs.min_rows, capture_after=0)
     for n, seed in ((20, 0), (130, 1), (20, 2), (200, 3), (130, 4)):
@@ -636,14 +642,33 @@ def test_prompt_graphs_equal_their_eager_padded_runs(real_shaped):
         for pg in (eager, graphed):
             st = m.new_state(n + 8)
             outs.append(pg.forward(ids, st))
-            states.append([t[:, :n] for t in st.k + st.v] + st.recurrent.conv + st.recurrent.rec)
+            states.append(_prompt_state(st, n))
         (e, g), (se, sg) = outs, states
         assert torch.equal(e.logits, g.logits) and torch.equal(e.hidden, g.hidden), n
         assert torch.equal(e.hidden_pre, g.hidden_pre) and e.hidden.shape[0] == n
         assert all(torch.equal(a, b) for a, b in zip(se, sg)), n
-        plain = m.forward(ids, m.new_state(n + 8), exact=False)     # no last_logits: the unpadded path
+        st = m.new_state(n + 8)
+        plain = m.forward(ids, st, exact=False)     # no last_logits: the unpadded path
         assert _rel(g.logits, plain.logits[-1:]) < 1e-2 and _rel(g.hidden, plain.hidden) < 1e-2, n
+        errs = [_rel(a, b) for a, b in zip(sg, _prompt_state(st, n))]
+        assert max(errs) < 2e-2, (n, errs)
     assert graphed.captures == 3 and eager.captures == 0 and len(graphed.graphs) == 3
+
+
+def test_prompt_padding_would_show_in_the_state_if_not_skipped(real_shaped):
+    """The state comparison above has teeth on the GPU: the same padded rows fed as prompt rows (no
+    n_real) leave conv and recurrent states far from the prompt's."""
+    from verispec.prompt_graphs import STEP
+
+    m = real_shaped.model
+    n = 20
+    ids = torch.tensor([(i * 7919 + 5) % 248000 + 1 for i in range(n)])
+    want = m.new_state(n + 8)
+    m.forward(ids, want, exact=False)
+    st = m.new_state(STEP)
+    m.core(torch.cat([ids, ids.new_zeros(STEP - n)]).cuda(), st, 0, False, False, None, last_logits=True)
+    assert min(_rel(a, b) for a, b in zip(st.recurrent.rec, want.recurrent.rec)) > 5e-2
+    assert min(_rel(a, b) for a, b in zip(st.recurrent.conv, want.recurrent.conv)) > 5e-2
 
 
 def test_matrix_after_a_batched_prefill_on_cuda(real_shaped):

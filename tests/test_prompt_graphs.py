@@ -6,6 +6,7 @@ path's rounding. The captured graphs are held to this eager padded path bit for 
 import pytest
 import torch
 
+from verispec.models.layers import RopeTable
 from verispec.prompt_graphs import STEP, PromptGraphs
 
 from model_fixtures import engine
@@ -67,3 +68,32 @@ def test_buckets_and_bad_calls(monkeypatch):
     assert pg.uses == {STEP: 1} and st.kv_len == 25
     with pytest.raises(ValueError, match="fresh prompt"):
         pg.forward(ids, st)                      # kv_len is 20 now: not a fresh prompt
+
+
+def test_one_instance_through_growing_and_shrinking_buckets(monkeypatch):
+    """One PromptGraphs (as a server holds it) takes prompts of 20, 100, 20 and 200 rows: each
+    close to its unpadded prefill, each bucket counted."""
+    model = engine().model
+    pg = PromptGraphs(model, 2, capture_after=None)
+    for rows in (20, 100, 20, 200):
+        ids = torch.tensor([(i * 31 + rows) % (model.args.vocab_size - 1) + 1 for i in range(rows)])
+        monkeypatch.setattr(model, "prompt_graphs", None)
+        want = model.forward(ids, model.new_state(rows + 4), exact=False, last_logits=True)
+        monkeypatch.setattr(model, "prompt_graphs", pg)
+        st = model.new_state(rows + 4)
+        got = model.forward(ids, st, exact=False, last_logits=True)
+        assert st.kv_len == rows and got.hidden.shape[0] == rows
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-4)
+    assert pg.uses == {STEP: 2, 2 * STEP: 1, 4 * STEP: 1}
+
+
+def test_a_grown_rope_table_keeps_the_old_one_alive_and_equal():
+    """CUDA graphs captured over a RoPE table read its addresses after the table grows; the old
+    table stays alive (RopeTable.retired) and its rows are the new table's."""
+    t = RopeTable(64, 0.25, 10000.0)
+    t.ensure(300)
+    old_cos, old_sin = t.cos, t.sin
+    t.ensure(5000)
+    assert t.cos.shape[0] >= 5000 and any(r is old_cos for r in t.retired) and any(r is old_sin for r in t.retired)
+    assert torch.equal(old_cos, t.cos[:old_cos.shape[0]]) and torch.equal(old_sin, t.sin[:old_sin.shape[0]])
+

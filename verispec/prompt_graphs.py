@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from .ops import chunk_delta
+import warnings
+
+from .ops import chunk_delta, grouped_moe
 
 STEP = 64               # bucket width: a prompt's padding is at most STEP-1 rows
 CAPTURE_AFTER = 1       # eager uses of a bucket before it is captured
@@ -42,8 +44,10 @@ class PromptGraphs:
         self.ids = self.n_real = None
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple]] = {}
         self.uses: dict[int, int] = {}
+        self.failed: set[int] = set()     # buckets whose capture raised: eager from then on
         self.pool = None
         self.captures = 0
+        self._capturable: bool | None = None
 
     @staticmethod
     def max_rows() -> int:
@@ -58,16 +62,32 @@ class PromptGraphs:
             return None
         return min(-(-rows // STEP) * STEP, top)
 
+    def capturable(self) -> bool:
+        """Every MoE layer's experts take torch._grouped_mm: the per-expert fallback reads the
+        experts' row counts on the host, which a capture cannot hold (those buckets stay eager)."""
+        if self._capturable is None:
+            from .models.qwen3_next import MoE
+
+            m = self.model
+            x = torch.empty(1, m.args.hidden_size, dtype=m.embed.dtype, device=m.embed.device)
+            moes = [layer.mlp for layer in m.layers if isinstance(layer.mlp, MoE)]
+            self._capturable = all(grouped_moe.runs_grouped(x, e.gu_all, e.down_all) for e in moes)
+        return self._capturable
+
     def _ready(self, b: int) -> None:
         if self.scratch is None or self.scratch.shapes.max_len < b:
             # sized for the largest bucket at once (a re-allocation drops every capture); at the
             # 35B-A3B shape 1023 rows of cache are ~21 MB beside the recurrent state's 60 MB
             dev = self.model.embed.device
-            self.scratch = self.model.new_state(max(b, self.max_rows()))
-            self.ids = torch.zeros(b, dtype=torch.long, device=dev)
+            n = max(b, self.max_rows())
+            self.scratch = self.model.new_state(n)
+            self.ids = torch.zeros(n, dtype=torch.long, device=dev)
             self.n_real = torch.zeros((), dtype=torch.long, device=dev)
             self.graphs.clear()     # captured over the old scratch's addresses
             self.pool = None
+            # the RoPE rows every bucket reads, in place before any capture (a table grown later
+            # keeps the old one alive: RopeTable.retired)
+            self.model.rope.ensure(n)
 
     def _core(self, b: int):
         st = self.scratch
@@ -106,8 +126,15 @@ class PromptGraphs:
         self.n_real.fill_(rows)
         used = self.uses.get(b, 0)
         self.uses[b] = used + 1
-        if b not in self.graphs and self.capture_after is not None and used >= self.capture_after:
-            self.graphs[b] = self._capture(b)
+        if (b not in self.graphs and b not in self.failed and self.capture_after is not None
+                and used >= self.capture_after and self.capturable()):
+            try:
+                self.graphs[b] = self._capture(b)
+            except RuntimeError as e:
+                # the eager run below gives the same bits; only the speed is lost
+                self.failed.add(b)
+                warnings.warn(f"verispec: a prompt graph of {b} rows could not be captured ({e}); "
+                              "prompts of that length run eager", RuntimeWarning)
         if b in self.graphs:
             graph, out = self.graphs[b]
             graph.replay()

@@ -156,12 +156,17 @@ class RopeTable:
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.rot, 2, dtype=torch.float) / self.rot))
         self.cos = torch.empty(0, self.rot)
         self.sin = torch.empty(0, self.rot)
+        # tables replaced by a larger one stay alive: a CUDA graph captured over one keeps reading
+        # its addresses, and its rows stay right (a row depends on its position alone)
+        self.retired: list[torch.Tensor] = []
 
     def _grow(self, n: int) -> None:
         n = max(n, 2 * self.cos.shape[0], 256)
         pos = torch.arange(n, dtype=torch.float)
         freqs = pos[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
+        if self.cos.numel():
+            self.retired += [self.cos, self.sin]
         self.cos, self.sin = emb.cos().to(self.device), emb.sin().to(self.device)
 
     def ensure(self, limit: int) -> None:

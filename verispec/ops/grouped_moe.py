@@ -49,6 +49,11 @@ def _aligned(*ts: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 and (t.shape[-1] * t.element_size()) % 16 == 0 for t in ts)
 
 
+def runs_grouped(x: torch.Tensor, gu_all: torch.Tensor, down_all: torch.Tensor) -> bool:
+    """Whether routed_experts on activations like x takes torch._grouped_mm (no host sync)."""
+    return _grouped_ok(x) and _aligned(x, gu_all, down_all)
+
+
 def expert_products(xs: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, counts: list[int] | None,
                     grouped: bool) -> torch.Tensor:
     """xs [P, K] sorted by expert, offs [E] int32 (the end of each expert's block), w [E, N, K]
@@ -74,7 +79,7 @@ def routed_experts(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu
     e, two_i, h = gu_all.shape
     inter = two_i // 2
     if grouped is None:
-        grouped = _grouped_ok(x) and _aligned(x, gu_all, down_all)
+        grouped = runs_grouped(x, gu_all, down_all)
     flat = top_i.reshape(-1)
     order = torch.argsort(flat, stable=True)                     # [P] pairs in expert order
     # (torch.bincount would wait for the GPU to size its output)
