@@ -711,3 +711,18 @@ def test_chunked_delta_rule_on_the_gpu():
             _rel(got[True][0], ref), _rel(got[True][1], ref_state)]
     print("triton/torch out, state; triton/rows out, state:", errs)
     assert max(errs[:2]) < 1e-5 and max(errs[2:]) < 1e-4, errs
+
+
+def test_greedy_pick_on_gpu_logits():
+    """pick() on CUDA logits (one transfer for the argmax and the NaN check): the CPU's pick, the
+    lowest id on ties, and NaN still refused."""
+    from verispec.errors import VerispecError
+    from verispec.sampling import SamplingParams, pick
+
+    greedy = SamplingParams(temperature=0.0)
+    x = torch.randn(248320, generator=torch.Generator().manual_seed(3))
+    x[[7, 90000, 200000]] = x.max() + 1.0                     # a three-way tie
+    assert pick(x.cuda(), 0, greedy) == pick(x, 0, greedy) == 7
+    x[123] = float("nan")
+    with pytest.raises(VerispecError, match="NaN"):
+        pick(x.cuda(), 0, greedy)

@@ -69,11 +69,20 @@ def pick(logits: torch.Tensor, position: int, params: SamplingParams) -> int:
     depends on nothing but (logits, position, params).
     """
     _check_logits(logits)
-    if torch.isnan(logits).any():
+    if params.greedy and logits.is_cuda:
+        # one reduction and one transfer (each host read of a GPU value waits for the GPU, and
+        # each launch costs the host too: bench/pick_cost.py): max propagates NaN, and returns the
+        # first maximal index on ties; an id below 2^24 is exact in fp32
+        top, at = torch.max(logits, 0)
+        v, i = torch.stack([top, at.float()]).tolist()
+        tok, bad = int(i), v != v
+    else:
+        tok, bad = None, bool(torch.isnan(logits).any())
+    if bad:
         raise VerispecError("the model's logits contain NaN: the checkpoint's weights are likely damaged "
                             "(NaN or Inf values)")
     if params.greedy:
-        return int(torch.argmax(logits))  # torch returns the first maximal index
+        return tok if tok is not None else int(torch.argmax(logits))  # torch returns the first maximal index
 
     x = logits.detach().to(device="cpu", dtype=torch.float64)  # [vocab]
     top = float(x.max())
