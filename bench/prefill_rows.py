@@ -9,6 +9,9 @@ bundled model.
 With --random-config: random weights at that shape (verispec/random_model.py) on --device, and a
 prompt of --tokens random ids.
 
+With --after N the prompt continues a cache of N other ids (a server's next turn: prefix reuse),
+fed before the clock starts; the batched arms then take verispec/prompt_pieces.py's path.
+
 The prompt is the first --tokens ids of verispec/decoder.py's source (code, as the model was
 trained on). Arms are interleaved (A B A B ...) each round; a round's number is prompt tokens over
 the wall time of one `Engine.generate` with max_tokens 1 (the prefill and one pick). Prints the
@@ -31,6 +34,7 @@ from verispec.engine import Engine, load_engine
 from verispec.execution import Execution
 from verispec.ops import chunk_delta
 from verispec.prompt_graphs import PromptGraphs
+from verispec.prompt_pieces import ContinuationGraphs
 from verispec.random_model import preset_config, random_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +56,7 @@ def main() -> int:
     p.add_argument("--random-config", default=None, help="a random-weight shape instead of the bundled model")
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--after", type=int, default=0, help="cached ids before the timed prompt (a continuation)")
     p.add_argument("--arms", default="exact1,exact16,batched",
                    help="which of exact1 (one row a forward), exact16, batched, batched_eager (the prompt padded to "
                         "its bucket but never captured: a bucket's first run, verispec/prompt_graphs.py), "
@@ -76,6 +81,8 @@ def main() -> int:
         sizes = []
     if not sizes or min(sizes) < 2:
         p.error(f"--tokens: prompt lengths >= 2, comma-separated, got {a.tokens!r}")
+    if a.after < 0:
+        p.error(f"--after: a count of cached ids >= 0, got {a.after}")
     arms = dict(every[k] for k in asked)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -86,35 +93,41 @@ def main() -> int:
     else:
         eng = load_engine(default_model_dir(), device=a.device)
     runs = []
-    uncaptured = None
+    uncaptured = {}
+    prefix = [(i * 104729 + 7) % (eng.args.vocab_size - 1) + 1 for i in range(a.after)]
     for prompt in _prompts(eng, a, sizes):
         raw = {k: [] for k in arms}
         # rounds -2 and -1 warm up, not kept: kernel compiles, graph captures (a prompt's bucket is
         # captured on its second use)
         for r in range(-2, a.rounds):
             for name, (settings, rows) in arms.items():
-                dec = eng.new_decoder(settings, prompt)
+                dec = eng.new_decoder(settings, prefix + prompt)
+                if prefix:
+                    dec.prefill(prefix)
                 if isinstance(rows, int):
                     dec.config.prefill_rows = rows
                 chunk_delta.enabled, cuda_from = rows != "rows", chunk_delta.CUDA_FROM
                 if rows == "chunks":
                     chunk_delta.CUDA_FROM = 0
-                graphs = eng.model.prompt_graphs
-                if rows == "eager" and graphs is not None:
-                    eng.model.prompt_graphs = uncaptured = uncaptured or PromptGraphs(eng.model, graphs.min_rows,
-                                                                                      capture_after=None)
+                m = eng.model
+                graphs = (m.prompt_graphs, m.prompt_pieces)
+                if rows == "eager" and graphs[0] is not None:
+                    if not uncaptured:
+                        uncaptured = {"g": PromptGraphs(m, graphs[0].min_rows, capture_after=None),
+                                      "p": ContinuationGraphs(m, graphs[1].min_rows, capture_after=None)}
+                    m.prompt_graphs, m.prompt_pieces = uncaptured["g"], uncaptured["p"]
                 elif rows in ("eager", "unpadded"):
-                    eng.model.prompt_graphs = None
+                    m.prompt_graphs = m.prompt_pieces = None
                 t = time.perf_counter()
-                eng.generate(prompt, settings, decoder=dec)
+                eng.generate(prefix + prompt, settings, decoder=dec, reuse=len(prefix))
                 chunk_delta.enabled, chunk_delta.CUDA_FROM = True, cuda_from
-                eng.model.prompt_graphs = graphs
+                m.prompt_graphs, m.prompt_pieces = graphs
                 if r >= 0:
                     raw[name].append(len(prompt) / (time.perf_counter() - t))
-        runs.append({"prompt_tokens": len(prompt), "tok_s": raw})
+        runs.append({"prompt_tokens": len(prompt), "after": a.after, "tok_s": raw})
         for name, v in raw.items():
             print(f"{name}: {statistics.median(v):.1f} tok/s [{min(v):.1f}-{max(v):.1f}] "
-                  f"({len(prompt)} prompt tokens, {a.rounds} rounds, {torch.get_num_threads()} threads)", flush=True)
+                  f"({len(prompt)} prompt tokens after {a.after}, {a.rounds} rounds, {torch.get_num_threads()} threads)", flush=True)
     out = {"machine": (torch.cuda.get_device_name() if "cuda" in str(eng.model.embed.device)
                        else platform.processor() or platform.machine()),
            "model": a.random_config or "bundled", "layers": eng.args.num_hidden_layers, "threads": torch.get_num_threads(),

@@ -671,6 +671,79 @@ def test_prompt_padding_would_show_in_the_state_if_not_skipped(real_shaped):
     assert min(_rel(a, b) for a, b in zip(st.recurrent.conv, want.recurrent.conv)) > 5e-2
 
 
+def _after_prefix(m, prefix, max_len, junk=None):
+    st = m.new_state(max_len)
+    if junk is not None:
+        for t in st.k + st.v:
+            t.fill_(junk)
+    m.forward(prefix, st, exact=False)          # unpadded, no graphs: the same bits for every state
+    return st
+
+
+def test_continuation_pieces_equal_their_eager_runs(real_shaped):
+    """A prompt continuing a cache (verispec/prompt_pieces.py): the pieces replayed from CUDA graphs
+    with the attention eager between them give the bits of the same padded forward run eager (the
+    last logits, every row's hidden states, the cache rows and the recurrent state it leaves), over
+    three buckets, a bucket replayed at other cache lengths, and a RoPE table grown under captured
+    pieces (which are then captured again). Against the unpadded continuation (other shapes, bf16
+    rounding apart) every one of them is close."""
+    from verispec.prompt_pieces import ContinuationGraphs
+
+    m = real_shaped.model
+    assert m.prompt_pieces is not None and m.prompt_pieces.capturable()
+    eager = ContinuationGraphs(m, m.prompt_pieces.min_rows, capture_after=None)
+    graphed = ContinuationGraphs(m, m.prompt_pieces.min_rows, capture_after=0)
+    cases = [(40, 20, 0), (40, 130, 1), (70, 20, 2), (40, 200, 3), (90, 130, 4), (40, 130, 5)]
+    for i, (before, n, seed) in enumerate(cases):
+        prefix = torch.tensor([(j * 104729 + 7 * seed) % 248000 + 1 for j in range(before)])
+        ids = torch.tensor([(j * 7919 + 13 * seed) % 248000 + 1 for j in range(n)])
+        # the last case: a state longer than the RoPE table, which grows under the captured pieces
+        max_len = before + n + 8 if i < len(cases) - 1 else m.rope.cos.shape[0] + 500
+        outs, states = [], []
+        for cg in (eager, graphed):
+            st = _after_prefix(m, prefix, max_len)
+            outs.append(cg.forward(ids, st))
+            states.append(_prompt_state(st, before + n))
+        (e, g), (se, sg) = outs, states
+        assert torch.equal(e.logits, g.logits) and torch.equal(e.hidden, g.hidden), (before, n)
+        assert torch.equal(e.hidden_pre, g.hidden_pre) and e.hidden.shape[0] == n
+        assert all(torch.equal(a, b) for a, b in zip(se, sg)), (before, n)
+        st = _after_prefix(m, prefix, max_len)
+        plain = m.forward(ids, st, exact=False)
+        assert _rel(g.logits, plain.logits[-1:]) < 1e-2 and _rel(g.hidden, plain.hidden) < 1e-2, (before, n)
+        errs = [_rel(a, b) for a, b in zip(sg, _prompt_state(st, before + n))]
+        assert max(errs) < 2e-2, (before, n, errs)
+    assert graphed.captures == 4 and eager.captures == 0 and list(graphed.graphs) == [192]
+
+
+def test_a_continuation_through_the_model_is_captured_and_ignores_the_cache_past_it(real_shaped, monkeypatch):
+    """Model.forward sends a continuation to its ContinuationGraphs: eager on the bucket's first use,
+    replayed from pieces on the second, the same bits, also when the cache past the prompt holds junk
+    (the padding rows write no keys and attend to nothing, even where padding rows could reach real
+    rows' bits through the experts' grouping)."""
+    from verispec.prompt_pieces import ContinuationGraphs
+
+    m = real_shaped.model
+    assert isinstance(m.prompt_pieces, ContinuationGraphs)
+    cg = ContinuationGraphs(m, m.prompt_pieces.min_rows)        # as the model's, with no bucket used yet
+    monkeypatch.setattr(m, "prompt_pieces", cg)
+    prefix = torch.tensor([(j * 104729 + 3) % 248000 + 1 for j in range(50)])
+    ids = torch.tensor([(j * 7919 + 29) % 248000 + 1 for j in range(150)])
+    got = []
+    for junk in (None, 1e3):
+        captures = cg.captures
+        st = _after_prefix(m, prefix, 256, junk)
+        out = m.forward(ids, st, exact=False, last_logits=True)
+        got.append((out, _prompt_state(st, 200)))
+        assert st.kv_len == 200 and cg.uses.get(192, 0) >= 1
+        if junk is not None:
+            assert cg.captures == captures + 1 and 192 in cg.graphs       # captured on its second use
+            assert all(bool((t[:, 200:] == junk).all()) for t in st.k + st.v)
+    (a, sa), (b, sb) = got
+    assert torch.equal(a.logits, b.logits) and torch.equal(a.hidden, b.hidden)
+    assert all(torch.equal(x, y) for x, y in zip(sa, sb))
+
+
 def test_matrix_after_a_batched_prefill_on_cuda(real_shaped):
     """The drafts-vs-no-drafts matrix with every arm's prompt (36 rows) through the batched kernels
     (--prefill-batch on): the grouped experts, the one-launch recurrence, SDPA, padded to a bucket of

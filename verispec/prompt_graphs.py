@@ -111,6 +111,20 @@ class PromptGraphs:
         self.captures += 1
         return graph, out
 
+    def _use(self, b: int) -> None:
+        """Count a use of bucket b and capture it once it has been used capture_after times."""
+        used = self.uses.get(b, 0)
+        self.uses[b] = used + 1
+        if (b not in self.graphs and b not in self.failed and self.capture_after is not None
+                and used >= self.capture_after and self.capturable()):
+            try:
+                self.graphs[b] = self._capture(b)
+            except RuntimeError as e:
+                # the eager run gives the same bits; only the speed is lost
+                self.failed.add(b)
+                warnings.warn(f"verispec: a prompt graph of {b} rows could not be captured ({e}); "
+                              "prompts of that length run eager", RuntimeWarning)
+
     def forward(self, ids: torch.Tensor, state):
         """The batched forward of a whole prompt (state.kv_len == 0) -> ForwardOut with the last
         row's logits [1, V] and every prompt row's hidden states; `state` gets the prompt."""
@@ -124,17 +138,7 @@ class PromptGraphs:
         self.ids[:rows].copy_(ids)
         self.ids[rows:b].zero_()      # the padding's ids, fixed: the same prompt gives the same bits
         self.n_real.fill_(rows)
-        used = self.uses.get(b, 0)
-        self.uses[b] = used + 1
-        if (b not in self.graphs and b not in self.failed and self.capture_after is not None
-                and used >= self.capture_after and self.capturable()):
-            try:
-                self.graphs[b] = self._capture(b)
-            except RuntimeError as e:
-                # the eager run below gives the same bits; only the speed is lost
-                self.failed.add(b)
-                warnings.warn(f"verispec: a prompt graph of {b} rows could not be captured ({e}); "
-                              "prompts of that length run eager", RuntimeWarning)
+        self._use(b)
         if b in self.graphs:
             graph, out = self.graphs[b]
             graph.replay()

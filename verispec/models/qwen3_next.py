@@ -404,11 +404,14 @@ class Model:
         w.finish()
         self.rope = RopeTable(a.head_dim, a.partial_rotary_factor, a.rope_theta, ex.torch_device)
         self.prompt_graphs = None   # fresh prompts' batched forwards (verispec/prompt_graphs.py)
+        self.prompt_pieces = None   # and those continuing a cache (verispec/prompt_pieces.py)
         if ex.graphs and ex.is_cuda:
             from ..cuda_graphs import GraphedForward
             from ..prompt_graphs import PromptGraphs
+            from ..prompt_pieces import ContinuationGraphs
             self.graphs = GraphedForward(self, ex.pad_rows)
             self.prompt_graphs = PromptGraphs(self, EXACT_ROWS + 1)
+            self.prompt_pieces = ContinuationGraphs(self, EXACT_ROWS + 1)
 
     # ----- state -----
     def new_state(self, max_len: int) -> State:
@@ -460,9 +463,8 @@ class Model:
             raise ValueError(f"an exact forward on {self.exec.device} takes at most {self.rows_exact.n} rows")
         if exact and self.graphs is not None:
             out = self.graphs.forward(ids, state, save_slots)
-        elif (not exact and last_logits and not save_slots and start == 0 and self.prompt_graphs is not None
-              and self.prompt_graphs.bucket(rows) is not None):
-            out = self.prompt_graphs.forward(ids, state)
+        elif not exact and last_logits and not save_slots and self._prompt_graphs(start, rows) is not None:
+            out = self._prompt_graphs(start, rows).forward(ids, state)
         else:
             pos = None
             if exact and isinstance(self.rows_exact, Padded):   # positions on the device: no host value in the math
@@ -477,15 +479,23 @@ class Model:
             torch.cuda.synchronize(out.logits.device)
         return out
 
+    def _prompt_graphs(self, start: int, rows: int):
+        """The graphs that take a prompt of `rows` rows at `start`, or None (the eager path)."""
+        g = self.prompt_graphs if start == 0 else self.prompt_pieces
+        return g if g is not None and g.bucket(rows) is not None else None
+
     def core(self, ids: torch.Tensor, state: State, start: int, exact: bool, save_slots: bool,
-             pos: torch.Tensor | None, last_logits: bool = False, n_real: torch.Tensor | None = None):
+             pos: torch.Tensor | None, last_logits: bool = False, n_real: torch.Tensor | None = None,
+             attend=None):
         """The forward's device work: (logits [rows, V] fp32 (last_logits: [1, V]), hidden, hidden
         before the norm).
         With `pos` (the padded policy) nothing here reads a host value that changes from step
         to step, so CUDA graphs can capture it; `start` then only sizes nothing but checks.
         n_real (a batched forward, a device count): the rows from n_real on are padding after the
         prompt (verispec/prompt_graphs.py): the DeltaNet state skips them and last_logits is row
-        n_real-1's."""
+        n_real-1's.
+        attend (a batched forward continuing a cache: verispec/prompt_pieces.py): the attention
+        layers' cache writes and attention are handed to it (rows rotated at its device `pos`)."""
         lin = self.lin_exact if exact else self.lin_fast
         rp = self.rows_exact if exact else BATCH
         eps = self.args.rms_norm_eps
@@ -500,7 +510,7 @@ class Model:
             if isinstance(layer.mixer, LinearAttn):
                 h = self._linear_attn(layer.mixer, h, state, rp, save_slots, lin, out_lin, n_real, live)
             else:
-                h = self._full_attn(layer.mixer, h, state, start, rp, lin, pos=pos, out_lin=out_lin)
+                h = self._full_attn(layer.mixer, h, state, start, rp, lin, pos=pos, out_lin=out_lin, attend=attend)
             if (isinstance(layer.mlp, MoE) and cuda_fusions.NORM_ROUTER and self._moe_kernels(layer.mlp, x, rp)
                     and cuda_norm_router.usable(x, layer.mlp.pre)):
                 x, h = self.moe_add_norm(layer.mlp, None, x, norms[2 * i + 2], eps, before=(h, norms[2 * i + 1]))
@@ -606,7 +616,7 @@ class Model:
         return (out_lin or lin)(o.reshape(rows, vd), m.out)
 
     def _full_attn(self, m: FullAttn, h, state: State, start, exact, lin, pos_offset: int = 0,
-                   pos: torch.Tensor | None = None, out_lin=None):
+                   pos: torch.Tensor | None = None, out_lin=None, attend=None):
         """Gated attention; rows are written to the cache at start.. and rotated at
         positions start+pos_offset.. (the MTP head's pair p sits at index p, position p+1).
         With `pos` (device positions of the rows, the padded policy) the same happens with
@@ -617,6 +627,12 @@ class Model:
         nh, hd = a.num_attention_heads, a.head_dim
         kc, vc = state.k[m.index], state.v[m.index]
         scale = hd ** -0.5
+        if attend is not None:
+            # the cache writes and the attention, which read a host position, happen outside the
+            # captured pieces (verispec/prompt_pieces.py); o [rows, heads, hd]
+            q, gate, k, v = self.qkv(m, h, attend.pos, lin, rp)
+            o = attend(m, q, k, v)
+            return lin(o.reshape(rows, nh * hd) * rowwise(torch.sigmoid, gate, exact=rp), m.out)
         if pos is not None and cuda_attention.usable(h):
             # norms, RoPE, cache writes, attention up to each row's position and the gate in
             # two launches (verispec/ops/cuda_attention.py)
