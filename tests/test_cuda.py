@@ -690,9 +690,9 @@ def test_continuation_pieces_equal_their_eager_runs(real_shaped):
     from verispec.prompt_pieces import ContinuationGraphs
 
     m = real_shaped.model
-    assert m.prompt_pieces is not None and m.prompt_pieces.capturable()
-    eager = ContinuationGraphs(m, m.prompt_pieces.min_rows, capture_after=None)
-    graphed = ContinuationGraphs(m, m.prompt_pieces.min_rows, capture_after=0)
+    eager = ContinuationGraphs(m, m.prompt_graphs.min_rows, capture_after=None)
+    graphed = ContinuationGraphs(m, m.prompt_graphs.min_rows, capture_after=0)
+    assert graphed.capturable()
     cases = [(40, 20, 0), (40, 130, 1), (70, 20, 2), (40, 200, 3), (90, 130, 4), (40, 130, 5)]
     for i, (before, n, seed) in enumerate(cases):
         prefix = torch.tensor([(j * 104729 + 7 * seed) % 248000 + 1 for j in range(before)])
@@ -724,8 +724,7 @@ def test_a_continuation_through_the_model_is_captured_and_ignores_the_cache_past
     from verispec.prompt_pieces import ContinuationGraphs
 
     m = real_shaped.model
-    assert isinstance(m.prompt_pieces, ContinuationGraphs)
-    cg = ContinuationGraphs(m, m.prompt_pieces.min_rows)        # as the model's, with no bucket used yet
+    cg = ContinuationGraphs(m, m.prompt_graphs.min_rows)        # as the model makes it (prompt_pieces.ENABLED)
     monkeypatch.setattr(m, "prompt_pieces", cg)
     prefix = torch.tensor([(j * 104729 + 3) % 248000 + 1 for j in range(50)])
     ids = torch.tensor([(j * 7919 + 29) % 248000 + 1 for j in range(150)])

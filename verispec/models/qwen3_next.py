@@ -408,10 +408,11 @@ class Model:
         if ex.graphs and ex.is_cuda:
             from ..cuda_graphs import GraphedForward
             from ..prompt_graphs import PromptGraphs
-            from ..prompt_pieces import ContinuationGraphs
+            from .. import prompt_pieces
             self.graphs = GraphedForward(self, ex.pad_rows)
             self.prompt_graphs = PromptGraphs(self, EXACT_ROWS + 1)
-            self.prompt_pieces = ContinuationGraphs(self, EXACT_ROWS + 1)
+            if prompt_pieces.ENABLED:
+                self.prompt_pieces = prompt_pieces.ContinuationGraphs(self, EXACT_ROWS + 1)
 
     # ----- state -----
     def new_state(self, max_len: int) -> State:
