@@ -113,8 +113,9 @@ def main() -> int:
                 graphs = (m.prompt_graphs, m.prompt_pieces)
                 if rows == "eager" and graphs[0] is not None:
                     if not uncaptured:
+                        # pieces only where the model has them (prompt_pieces.ENABLED)
                         uncaptured = {"g": PromptGraphs(m, graphs[0].min_rows, capture_after=None),
-                                      "p": ContinuationGraphs(m, graphs[1].min_rows, capture_after=None)}
+                                      "p": graphs[1] and ContinuationGraphs(m, graphs[1].min_rows, capture_after=None)}
                     m.prompt_graphs, m.prompt_pieces = uncaptured["g"], uncaptured["p"]
                 elif rows in ("eager", "unpadded"):
                     m.prompt_graphs = m.prompt_pieces = None

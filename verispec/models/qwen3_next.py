@@ -464,8 +464,8 @@ class Model:
             raise ValueError(f"an exact forward on {self.exec.device} takes at most {self.rows_exact.n} rows")
         if exact and self.graphs is not None:
             out = self.graphs.forward(ids, state, save_slots)
-        elif not exact and last_logits and not save_slots and self._prompt_graphs(start, rows) is not None:
-            out = self._prompt_graphs(start, rows).forward(ids, state)
+        elif not exact and last_logits and not save_slots and (prompt := self._prompt_graphs(start, rows)) is not None:
+            out = prompt.forward(ids, state)
         else:
             pos = None
             if exact and isinstance(self.rows_exact, Padded):   # positions on the device: no host value in the math
