@@ -21,7 +21,6 @@ import os
 import platform
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import threading

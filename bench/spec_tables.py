@@ -336,8 +336,8 @@ def markdown(doc: dict) -> str:
          f"Load average (1/5/15 min): before measuring {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f} (after "
          f"{doc['waited_s']:.0f} s of waiting for the 1-min load to fall under {doc['load_below']}), after "
          f"{la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f}.  ",
-         f"Model: `verispec/data/default_model` (15.1M parameters, hidden 256, 8 layers 3:1 DeltaNet:attention, "
-         f"8 experts top-2, vocab 8192, MTP head), bf16 on disk, fp32 in both engines.  ",
+         "Model: `verispec/data/default_model` (15.1M parameters, hidden 256, 8 layers 3:1 DeltaNet:attention, "
+         "8 experts top-2, vocab 8192, MTP head), bf16 on disk, fp32 in both engines.  ",
          f"Raw data: `{doc.get('json_out', 'bench/results/spec_tables.json')}`; plot: "
          f"`{doc.get('png_out', 'docs/benchmarks.png')}`. Written by `bench/spec_tables.py`.", ""]
     if sorted(S) != ["A", "B", "C"]:
@@ -376,7 +376,7 @@ def markdown(doc: dict) -> str:
           "warm-up, same prompt ids and threads, run inside the same rounds. Its rows are in the tables above; "
           "total tok/s (prefill included, N / generate(N)) for reference: " +
           "; ".join(f"{p} {fmt(S[t][p][PEER]['total_tok_s'])}" for t, ps, _ in TABLES if t in S for p in ps) + ".", "",
-          f"`generate(..., prompt_lookup_num_tokens=5)`: " +
+          "`generate(..., prompt_lookup_num_tokens=5)`: " +
           (f"refused: `{doc['peer_lookup_error']}`" if doc["peer_lookup_error"] else "ran (no error)") + ".", ""]
     L += ["## Prompts and outputs", "", "Each prompt, then the first 400 characters of the text every arm produced "
           "(greedy; the bundled model is a 15M-parameter code toy, and its continuations repeat themselves).", ""]

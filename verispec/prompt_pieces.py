@@ -50,10 +50,8 @@ class Attend:
 
     def run(self, m, q, k, v, out: torch.Tensor) -> None:
         s, r = self.start, self.rows
-        kc, vc = self.state.k[m.index], self.state.v[m.index]
-        kc[:, s:s + r] = k[:r].transpose(0, 1)
-        vc[:, s:s + r] = v[:r].transpose(0, 1)
-        out[:r] = attn_ops.attend_prefill(q[:r], kc, vc, s, q.shape[-1] ** -0.5)
+        out[:r] = attn_ops.append_and_attend(q[:r], k[:r], v[:r], self.state.k[m.index], self.state.v[m.index],
+                                             s, q.shape[-1] ** -0.5, exact=False)
         out[r:].zero_()
 
 

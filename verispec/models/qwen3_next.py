@@ -649,12 +649,7 @@ class Model:
             o = o.reshape(rows, nh * hd) * rowwise(torch.sigmoid, gate, exact=rp)
             return lin(o, m.out)
         q, gate, k, v = self.qkv(m, h, start + pos_offset, lin, rp)
-        kc[:, start:start + rows] = k.transpose(0, 1)
-        vc[:, start:start + rows] = v.transpose(0, 1)
-        if rp is not BATCH:
-            o = attn_ops.attend_rows(q, kc, vc, start, scale)
-        else:
-            o = attn_ops.attend_prefill(q, kc, vc, start, scale)
+        o = attn_ops.append_and_attend(q, k, v, kc, vc, start, scale, exact=rp is not BATCH)
         o = o.reshape(rows, nh * hd) * rowwise(torch.sigmoid, gate, exact=rp)
         return lin(o, m.out)
 

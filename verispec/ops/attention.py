@@ -45,6 +45,16 @@ def attend_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     return o[0].transpose(0, 1)
 
 
+def append_and_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, start: int, scale: float, exact: bool) -> torch.Tensor:
+    """Write k, v [rows, kv_heads, hd] at the cache's positions start.. and attend with q
+    [rows, heads, hd]: row-invariant (attend_rows) where exact, else batched SDPA."""
+    rows = k.shape[0]
+    k_cache[:, start:start + rows] = k.transpose(0, 1)
+    v_cache[:, start:start + rows] = v.transpose(0, 1)
+    return (attend_rows if exact else attend_prefill)(q, k_cache, v_cache, start, scale)
+
+
 def attend_static(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, scale: float,
                   n_rows: int) -> torch.Tensor:
     """Row-invariant attention with shapes that never change (the GPU path; CUDA graphs).
