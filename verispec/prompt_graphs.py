@@ -117,6 +117,11 @@ class PromptGraphs:
         self.uses[b] = used + 1
         if (b not in self.graphs and b not in self.failed and self.capture_after is not None
                 and used >= self.capture_after and self.capturable()):
+            if not self.graphs:
+                # a handle whose graphs are all gone (cleared, or a failed capture's) names a pool the
+                # allocator no longer counts as live: capturing into it trips its `use_count > 0`
+                # assert (device call 170), so the next capture takes a fresh one
+                self.pool = None
             try:
                 self.graphs[b] = self._capture(b)
             except RuntimeError as e:
