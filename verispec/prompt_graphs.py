@@ -83,8 +83,7 @@ class PromptGraphs:
             self.scratch = self.model.new_state(n)
             self.ids = torch.zeros(n, dtype=torch.long, device=dev)
             self.n_real = torch.zeros((), dtype=torch.long, device=dev)
-            self.graphs.clear()     # captured over the old scratch's addresses
-            self.pool = None
+            self.graphs.clear()     # captured over the old scratch's addresses (and so a new pool: _use)
             # the RoPE rows every bucket reads, in place before any capture (a table grown later
             # keeps the old one alive: RopeTable.retired)
             self.model.rope.ensure(n)
