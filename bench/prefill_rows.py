@@ -33,7 +33,7 @@ from verispec.config import DraftSettings, RunSettings, default_model_dir
 from verispec.engine import Engine, load_engine
 from verispec.execution import Execution
 from verispec.ops import chunk_delta
-from verispec.prompt_graphs import PromptGraphs
+from verispec.prompt_graphs import CAPTURE_AFTER, PromptGraphs
 from verispec.prompt_pieces import ContinuationGraphs
 from verispec.random_model import preset_config, random_checkpoint
 
@@ -60,8 +60,9 @@ def main() -> int:
     p.add_argument("--arms", default="exact1,exact16,batched",
                    help="which of exact1 (one row a forward), exact16, batched, batched_eager (the prompt padded to "
                         "its bucket but never captured: a bucket's first run, verispec/prompt_graphs.py), "
-                        "batched_unpadded (no prompt graphs at all), batched_rows (the recurrence row by row: "
-                        "delta_steps on CUDA), batched_chunks (in chunks at any length) to run, comma-separated")
+                        "batched_unpadded (no prompt graphs at all), batched_rows (the recurrence row by row at any "
+                        "length: delta_steps on CUDA), batched_chunks (in chunks at any length) to run, comma-separated; "
+                        "batched_rows and batched_chunks hold prompt graphs of their own")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefill_rows.json"))
     a = p.parse_args()
     exact = RunSettings(max_tokens=1, prefill_batch=False, drafts=DraftSettings(lookup=False, mtp="off"))
@@ -93,7 +94,25 @@ def main() -> int:
     else:
         eng = load_engine(default_model_dir(), device=a.device)
     runs = []
-    uncaptured = {}
+    m = eng.model
+    mine = (m.prompt_graphs, m.prompt_pieces)
+    own = {}
+
+    def graphs_for(rows):
+        """The prompt graphs an arm runs with: the model's own, none, or a pair of its own (never
+        captured for "eager"; for "rows" and "chunks", whose buckets must not replay another arm's
+        captures of the other recurrence)."""
+        if rows == "unpadded" or mine[0] is None:
+            return None, None
+        if rows not in ("eager", "rows", "chunks"):
+            return mine
+        if rows not in own:
+            cap = None if rows == "eager" else CAPTURE_AFTER
+            # pieces only where the model has them (prompt_pieces.ENABLED)
+            own[rows] = (PromptGraphs(m, mine[0].min_rows, capture_after=cap),
+                         mine[1] and ContinuationGraphs(m, mine[1].min_rows, capture_after=cap))
+        return own[rows]
+
     prefix = [(i * 104729 + 7) % (eng.args.vocab_size - 1) + 1 for i in range(a.after)]
     for prompt in _prompts(eng, a, sizes):
         raw = {k: [] for k in arms}
@@ -109,23 +128,18 @@ def main() -> int:
                 chunk_delta.enabled, cuda_from = rows != "rows", chunk_delta.CUDA_FROM
                 if rows == "chunks":
                     chunk_delta.CUDA_FROM = 0
-                m = eng.model
-                graphs = (m.prompt_graphs, m.prompt_pieces)
-                if rows == "eager" and graphs[0] is not None:
-                    if not uncaptured:
-                        # pieces only where the model has them (prompt_pieces.ENABLED)
-                        uncaptured = {"g": PromptGraphs(m, graphs[0].min_rows, capture_after=None),
-                                      "p": graphs[1] and ContinuationGraphs(m, graphs[1].min_rows, capture_after=None)}
-                    m.prompt_graphs, m.prompt_pieces = uncaptured["g"], uncaptured["p"]
-                elif rows in ("eager", "unpadded"):
-                    m.prompt_graphs = m.prompt_pieces = None
+                m.prompt_graphs, m.prompt_pieces = graphs_for(rows)
                 t = time.perf_counter()
                 eng.generate(prefix + prompt, settings, decoder=dec, reuse=len(prefix))
                 chunk_delta.enabled, chunk_delta.CUDA_FROM = True, cuda_from
-                m.prompt_graphs, m.prompt_pieces = graphs
+                m.prompt_graphs, m.prompt_pieces = mine
                 if r >= 0:
                     raw[name].append(len(prompt) / (time.perf_counter() - t))
-        runs.append({"prompt_tokens": len(prompt), "after": a.after, "tok_s": raw})
+        cuda = m.embed.is_cuda
+        reserved = torch.cuda.memory_reserved() / 2 ** 30 if cuda else None
+        runs.append({"prompt_tokens": len(prompt), "after": a.after, "tok_s": raw, "cuda_reserved_gib": reserved})
+        if cuda:
+            print(f"CUDA memory reserved after {len(prompt)} tokens: {reserved:.2f} GiB", flush=True)
         for name, v in raw.items():
             print(f"{name}: {statistics.median(v):.1f} tok/s [{min(v):.1f}-{max(v):.1f}] "
                   f"({len(prompt)} prompt tokens after {a.after}, {a.rounds} rounds, {torch.get_num_threads()} threads)", flush=True)

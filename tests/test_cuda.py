@@ -17,7 +17,7 @@ from verispec.engine import Engine  # noqa: E402
 from verispec.execution import PAD_ROWS, Execution  # noqa: E402
 from verispec.models.layers import Padded, gated_rms_norm, l2_norm, rms_norm, rowwise  # noqa: E402
 from verispec.models.qwen3_next import padded_linear  # noqa: E402
-from verispec.ops import attention, cuda_moe, deltanet  # noqa: E402
+from verispec.ops import attention, chunk_delta, cuda_moe, deltanet  # noqa: E402
 from verispec.random_model import preset_config, random_checkpoint  # noqa: E402
 
 ROWS = list(range(1, 9)) + [12, 16]
@@ -636,7 +636,8 @@ def test_prompt_graphs_equal_their_eager_padded_runs(real_shaped):
     assert m.prompt_graphs is not None and m.prompt_graphs.capturable()
     eager = PromptGraphs(m, m.prompt_graphs.min_rows, capture_after=None)
     graphed = PromptGraphs(m, m.prompt_graphs.min_rows, capture_after=0)
-    for n, seed in ((20, 0), (130, 1), (20, 2), (200, 3), (130, 4)):
+    # 1100 rows: a bucket of 1152, past chunk_delta.CUDA_FROM, so the recurrence runs in chunks
+    for n, seed in ((20, 0), (130, 1), (20, 2), (200, 3), (130, 4), (1100, 5)):
         ids = torch.tensor([(i * 7919 + 13 * seed) % 248000 + 1 for i in range(n)])
         outs, states = [], []
         for pg in (eager, graphed):
@@ -652,7 +653,8 @@ def test_prompt_graphs_equal_their_eager_padded_runs(real_shaped):
         assert _rel(g.logits, plain.logits[-1:]) < 1e-2 and _rel(g.hidden, plain.hidden) < 1e-2, n
         errs = [_rel(a, b) for a, b in zip(sg, _prompt_state(st, n))]
         assert max(errs) < 2e-2, (n, errs)
-    assert graphed.captures == 3 and eager.captures == 0 and len(graphed.graphs) == 3
+    assert graphed.captures == 4 and eager.captures == 0 and sorted(graphed.graphs) == [64, 192, 256, 1152]
+    assert chunk_delta.CUDA_FROM <= 1152 < graphed.max_rows()
 
 
 def test_prompt_padding_would_show_in_the_state_if_not_skipped(real_shaped):
@@ -693,7 +695,8 @@ def test_continuation_pieces_equal_their_eager_runs(real_shaped):
     eager = ContinuationGraphs(m, m.prompt_graphs.min_rows, capture_after=None)
     graphed = ContinuationGraphs(m, m.prompt_graphs.min_rows, capture_after=0)
     assert graphed.capturable()
-    cases = [(40, 20, 0), (40, 130, 1), (70, 20, 2), (40, 200, 3), (90, 130, 4), (40, 130, 5)]
+    # (1100 rows: a bucket of 1152, whose recurrence runs in chunks from the prefix's state)
+    cases = [(40, 20, 0), (40, 130, 1), (70, 20, 2), (40, 200, 3), (90, 130, 4), (40, 1100, 6), (40, 130, 5)]
     # the captures due: a bucket not held, where every growth of the RoPE table drops all held ones
     # (how long the shared table already is depends on the tests before this one: device call 171)
     held, due = set(), 0

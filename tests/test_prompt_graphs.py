@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from verispec.models.layers import RopeTable
-from verispec.prompt_graphs import STEP, PromptGraphs
+from verispec.ops import chunk_delta
+from verispec.prompt_graphs import GRAPH_TO, STEP, PromptGraphs
 
 from model_fixtures import engine
 
@@ -18,15 +19,17 @@ def _state_tensors(st, rows):
 
 def _prefill(model, ids, padded: bool, monkeypatch):
     """Through Model.forward, as the decoder feeds a prompt, with or without the padded path."""
-    st = model.new_state(STEP * 3)
+    st = model.new_state(max(STEP * 3, ids.shape[0] + 8))
     monkeypatch.setattr(model, "prompt_graphs", PromptGraphs(model, 2, capture_after=None) if padded else None)
     out = model.forward(ids, st, exact=False, last_logits=True)
     assert bool(model.prompt_graphs is not None and model.prompt_graphs.uses) == padded   # the path taken
     return out, st
 
 
-@pytest.mark.parametrize("rows", [20, STEP, STEP + 5])
+@pytest.mark.parametrize("rows", [20, STEP, STEP + 5, 1030])
 def test_padding_rows_leave_the_prompt_alone(rows, monkeypatch):
+    """(1030 rows: a bucket of the chunks' range, 1152 rows; on the CPU every prompt's recurrence
+    runs in chunks.)"""
     model = engine().model
     ids = torch.tensor([(i * 37 + 11) % (model.args.vocab_size - 1) + 1 for i in range(rows)])
     want, want_st = _prefill(model, ids, False, monkeypatch)
@@ -59,6 +62,14 @@ def test_buckets_and_bad_calls(monkeypatch):
     pg = PromptGraphs(model, 17, capture_after=None)
     assert [pg.bucket(r) for r in (16, 17, STEP, STEP + 1)] == [None, STEP, STEP, 2 * STEP]
     assert pg.bucket(pg.max_rows()) == pg.max_rows() and pg.bucket(pg.max_rows() + 1) is None
+    # the row-by-row recurrence's buckets stay below the cut, the chunks' are wider from it
+    cut = chunk_delta.CUDA_FROM
+    assert cut == 1024 and GRAPH_TO == 4096 == pg.max_rows()
+    assert [pg.bucket(r) for r in (cut - 70, cut - 60, cut - 1)] == [cut - 64, cut - 1, cut - 1]
+    assert [pg.bucket(r) for r in (1024, 1025, 2047, 2048, 2049, 4095)] == [1024, 1152, 2048, 2048, 2304, 4096]
+    for r in range(17, GRAPH_TO + 1):
+        b = pg.bucket(r)
+        assert r <= b < r + max(STEP, r // 8) and (b < cut) == (r < cut), r
     monkeypatch.setattr(model, "prompt_graphs", pg)
     st = model.new_state(STEP)
     ids = torch.arange(1, 21)

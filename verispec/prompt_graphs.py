@@ -6,11 +6,14 @@ the GPU did in 36 (`bench/prefill_profile.py --host`, device call 165). A graph 
 one call.
 
 Graphs want fixed shapes and addresses, and a prompt has neither, so:
-- rows: a prompt of R rows (EXACT_ROWS < R < chunk_delta.CUDA_FROM, where the recurrence runs row
-  by row in one launch) is padded with id 0 to B = R rounded up to STEP. The padding sits after
-  the prompt, so causal attention keeps it out of the prompt's rows; the DeltaNet's conv ring is
-  taken at row R and its recurrence skips the padding (Model.core's `n_real`); the prompt's logits
-  come from row R-1.
+- rows: a prompt of R rows (EXACT_ROWS < R <= GRAPH_TO) is padded with id 0 to its bucket B:
+  below chunk_delta.CUDA_FROM (where the recurrence runs row by row in one launch) R rounded up
+  to STEP; from there, where the recurrence runs in chunks, R rounded up to an eighth of the
+  power of two at or below it (1024-2047 rows: 128, 2048-4095: 256), so the padding stays under
+  12.5% with 16 buckets a doubling. The padding sits after the prompt, so causal attention keeps
+  it out of the prompt's rows; the DeltaNet's conv ring is taken at row R and its recurrence
+  skips the padding (Model.core's `n_real`: b = a = -inf gives beta = 0 and no decay, which a
+  chunk passes through as it does a zero row); the prompt's logits come from row R-1.
 - addresses: the graph runs on its own scratch state, zeroed inside the graph (a fresh prompt
   starts from zeros: State.allocate and State.reset), and the result (the recurrent state, the
   cache's first R rows) is copied into the caller's state after. So one capture serves every
@@ -29,8 +32,20 @@ import warnings
 
 from .ops import chunk_delta, grouped_moe
 
-STEP = 64               # bucket width: a prompt's padding is at most STEP-1 rows
+STEP = 64               # bucket width below chunk_delta.CUDA_FROM: a prompt's padding is at most STEP-1 rows
+GRAPH_TO = 4096         # the longest prompt graphed; longer ones run eager, where the GPU's work already
+                        # outlasts the host's queueing of it (docs/cuda.md "Prompts on CUDA")
 CAPTURE_AFTER = 1       # eager uses of a bucket before it is captured
+
+
+def bucket_rows(rows: int) -> int:
+    """The padded row count of a prompt of `rows` rows (module doc; no range check)."""
+    cut = chunk_delta.CUDA_FROM
+    if rows < cut:
+        # the recurrence's choice follows the padded count: stay on the row-by-row side of the cut
+        return min(-(-rows // STEP) * STEP, cut - 1)
+    width = max(STEP, (1 << (rows.bit_length() - 1)) // 8)
+    return -(-rows // width) * width
 
 
 class PromptGraphs:
@@ -51,16 +66,13 @@ class PromptGraphs:
 
     @staticmethod
     def max_rows() -> int:
-        # the row-by-row recurrence's range (from chunk_delta.CUDA_FROM the chunks, whose fixed
-        # cost is paid once for the whole prompt, make the launches' cost small beside it)
-        return chunk_delta.CUDA_FROM - 1
+        return GRAPH_TO
 
     def bucket(self, rows: int) -> int | None:
-        """The padded row count of a fresh prompt of `rows` rows, or None: not this path."""
-        top = self.max_rows()
-        if rows < self.min_rows or rows > top:
+        """The padded row count of a prompt of `rows` rows, or None: not this path."""
+        if rows < self.min_rows or rows > self.max_rows():
             return None
-        return min(-(-rows // STEP) * STEP, top)
+        return min(bucket_rows(rows), self.max_rows())
 
     def capturable(self) -> bool:
         """Every MoE layer's experts take torch._grouped_mm: the per-expert fallback reads the
@@ -77,7 +89,7 @@ class PromptGraphs:
     def _ready(self, b: int) -> None:
         if self.scratch is None or self.scratch.shapes.max_len < b:
             # sized for the largest bucket at once (a re-allocation drops every capture); at the
-            # 35B-A3B shape 1023 rows of cache are ~21 MB beside the recurrent state's 60 MB
+            # 35B-A3B shape 4096 rows of cache are ~84 MB beside the recurrent state's 60 MB
             dev = self.model.embed.device
             n = max(b, self.max_rows())
             self.scratch = self.model.new_state(n)
