@@ -61,8 +61,9 @@ def main() -> int:
                    help="which of exact1 (one row a forward), exact16, batched, batched_eager (the prompt padded to "
                         "its bucket but never captured: a bucket's first run, verispec/prompt_graphs.py), "
                         "batched_unpadded (no prompt graphs at all), batched_rows (the recurrence row by row at any "
-                        "length: delta_steps on CUDA), batched_chunks (in chunks at any length) to run, comma-separated; "
-                        "batched_rows and batched_chunks hold prompt graphs of their own")
+                        "length: delta_steps on CUDA), batched_chunks (in chunks at any length), batched_chunks_eager (the same, "
+                        "never captured) to run, comma-separated; batched_rows and batched_chunks hold prompt graphs "
+                        "of their own")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefill_rows.json"))
     a = p.parse_args()
     exact = RunSettings(max_tokens=1, prefill_batch=False, drafts=DraftSettings(lookup=False, mtp="off"))
@@ -72,7 +73,9 @@ def main() -> int:
              "batched_eager": ("batched, prompt graphs never captured (a bucket's first run)", (batched, "eager")),
              "batched_unpadded": ("batched, no prompt graphs (unpadded, eager)", (batched, "unpadded")),
              "batched_rows": ("batched, the recurrence row by row", (batched, "rows")),
-             "batched_chunks": ("batched, the recurrence in chunks at any length", (batched, "chunks"))}
+             "batched_chunks": ("batched, the recurrence in chunks at any length", (batched, "chunks")),
+             "batched_chunks_eager": ("batched, the recurrence in chunks at any length, prompt graphs never captured",
+                                      (batched, "chunks_eager"))}
     asked = a.arms.split(",")
     if any(k not in every for k in asked):
         p.error(f"--arms: a comma-separated choice of {', '.join(every)}, got {a.arms!r}")
@@ -104,10 +107,10 @@ def main() -> int:
         captures of the other recurrence)."""
         if rows == "unpadded" or mine[0] is None:
             return None, None
-        if rows not in ("eager", "rows", "chunks"):
+        if rows not in ("eager", "rows", "chunks", "chunks_eager"):
             return mine
         if rows not in own:
-            cap = None if rows == "eager" else CAPTURE_AFTER
+            cap = None if rows in ("eager", "chunks_eager") else CAPTURE_AFTER
             # pieces only where the model has them (prompt_pieces.ENABLED)
             own[rows] = (PromptGraphs(m, mine[0].min_rows, capture_after=cap),
                          mine[1] and ContinuationGraphs(m, mine[1].min_rows, capture_after=cap))
@@ -126,7 +129,7 @@ def main() -> int:
                 if isinstance(rows, int):
                     dec.config.prefill_rows = rows
                 chunk_delta.enabled, cuda_from = rows != "rows", chunk_delta.CUDA_FROM
-                if rows == "chunks":
+                if rows in ("chunks", "chunks_eager"):
                     chunk_delta.CUDA_FROM = 0
                 m.prompt_graphs, m.prompt_pieces = graphs_for(rows)
                 t = time.perf_counter()
