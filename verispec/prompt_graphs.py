@@ -9,7 +9,7 @@ Graphs want fixed shapes and addresses, and a prompt has neither, so:
 - rows: a prompt of R rows (EXACT_ROWS < R <= GRAPH_TO) is padded with id 0 to its bucket B:
   below chunk_delta.CUDA_FROM (where the recurrence runs row by row in one launch) R rounded up
   to STEP; from there, where the recurrence runs in chunks, R rounded up to an eighth of the
-  power of two at or below it (1024-2047 rows: 128, 2048-4095: 256), so the padding stays under
+  power of two at or below it (1024-2047 rows: 128, 2048: 256), so the padding stays under
   12.5% with 16 buckets a doubling. The padding sits after the prompt, so causal attention keeps
   it out of the prompt's rows; the DeltaNet's conv ring is taken at row R and its recurrence
   skips the padding (Model.core's `n_real`: b = a = -inf gives beta = 0 and no decay, which a
@@ -33,8 +33,9 @@ import warnings
 from .ops import chunk_delta, grouped_moe
 
 STEP = 64               # bucket width below chunk_delta.CUDA_FROM: a prompt's padding is at most STEP-1 rows
-GRAPH_TO = 4096         # the longest prompt graphed; longer ones run eager, where the GPU's work already
-                        # outlasts the host's queueing of it (docs/cuda.md "Prompts on CUDA")
+GRAPH_TO = 2048         # the longest prompt graphed: past it the GPU's work outlasts the host's queueing
+                        # of it (graphed 1.24x eager at 1024 rows, 1.04x at 2048, 1.02x at 4096: an H100, device
+                        # call 176), too little for the memory a longer bucket's graph holds
 CAPTURE_AFTER = 1       # eager uses of a bucket before it is captured
 
 
@@ -89,7 +90,7 @@ class PromptGraphs:
     def _ready(self, b: int) -> None:
         if self.scratch is None or self.scratch.shapes.max_len < b:
             # sized for the largest bucket at once (a re-allocation drops every capture); at the
-            # 35B-A3B shape 4096 rows of cache are ~84 MB beside the recurrent state's 60 MB
+            # 35B-A3B shape 2048 rows of cache are ~42 MB beside the recurrent state's 60 MB
             dev = self.model.embed.device
             n = max(b, self.max_rows())
             self.scratch = self.model.new_state(n)
