@@ -20,6 +20,7 @@ from harness import counts, simulate_forced
 from model_fixtures import REPEAT_PROMPT, engine, fixture_dir
 from verispec.cli import main
 from verispec.config import DraftSettings, RunSettings
+from verispec.fingerprint import checkpoint_fingerprint
 from verispec.sampling import SamplingParams
 
 STATS_KEYS = ("tokens", "forwards", "drafts", "accepted", "verifies", "prefill_tok_s", "decode_tok_s")
@@ -54,7 +55,9 @@ def test_json_text_prompt(capsys, byte_fx):
     lines = out.splitlines()
     assert len(lines) == 1, "stdout holds exactly the JSON object"
     res = json.loads(lines[0])
-    assert set(res) == {"ids", "text", "stats"}
+    assert set(res) == {"ids", "text", "stats", "prompt_ids", "sampling", "model"}
+    assert res["prompt_ids"] == list(b"hello") and res["model"] == checkpoint_fingerprint(byte_fx)
+    assert res["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
     for k in STATS_KEYS:
         assert k in res["stats"], k
     s = res["stats"]
@@ -134,6 +137,76 @@ def test_force_with_reference(capsys, ids_fx, tmp_path):
     want = simulate_forced(ref_ids, len(prompt), context, 5, "accept", 1000)
     assert counts(res["stats"]) == want
     assert want["accepted"] > 0
+
+
+def _reference(capsys, fx, tmp_path, prompt, *flags) -> Path:
+    rc, out, err = cli(capsys, "run", "--prompt-ids", ",".join(map(str, prompt)), "--model", fx, "--max-tokens", 8,
+                       "--json", "--lookup", "off", *flags)
+    assert rc == 0, err
+    ref = tmp_path / "ref.json"
+    ref.write_text(out)
+    return ref
+
+
+@pytest.mark.parametrize("case", ["another prompt", "a prompt of another length", "other sampling",
+                                  "another checkpoint"])
+def test_a_reference_from_another_run_is_refused(capsys, ids_fx, tmp_path, case):
+    """A reference records the plain run that made it (--json: prompt_ids, sampling, model); a forced run
+    whose prompt, sampling or checkpoint differ would force drafts that are not its plain run's tokens."""
+    prompt = list(REPEAT_PROMPT)
+    model, flags, word = ids_fx, [], case.split()[-1]
+    ref = _reference(capsys, ids_fx, tmp_path, prompt, "--temperature", 0.8, "--seed", 3)
+    if case == "another prompt":
+        prompt = [prompt[1], prompt[0]] + prompt[2:]
+    elif case == "a prompt of another length":
+        prompt, word = prompt[:-1], "prompt"
+    elif case == "other sampling":
+        flags = ["--seed", 4]
+    else:
+        model = fixture_dir("qwen3_next", seed=1)
+        assert checkpoint_fingerprint(model) != checkpoint_fingerprint(ids_fx)
+    rc, out, err = cli(capsys, "run", "--prompt-ids", ",".join(map(str, prompt)), "--model", model, "--max-tokens", 8,
+                       "--force", "accept", "--reference", ref, "--gate", "off", "--temperature", 0.8, "--seed", 3,
+                       *flags)
+    assert rc == 2 and out == "", err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("verispec: error: --reference"), err
+    assert f"{word} " in lines[0] or lines[0].endswith(word), lines[0]
+
+
+def test_a_greedy_reference_ignores_the_seed_and_an_old_one_is_not_checked(capsys, ids_fx, tmp_path):
+    """Greedy picks read no seed, top-p or top-k: a greedy reference serves a greedy run with any of them. A
+    reference written before the run's record existed (ids only) is taken as it is."""
+    prompt = list(REPEAT_PROMPT)
+    ids = ",".join(map(str, prompt))
+    ref = _reference(capsys, ids_fx, tmp_path, prompt)
+    rc, out, err = cli(capsys, "run", "--prompt-ids", ids, "--model", ids_fx, "--max-tokens", 8, "--json",
+                       "--force", "accept", "--reference", ref, "--gate", "off", "--seed", 9, "--top-k", 5)
+    assert rc == 0, err
+    want = json.loads(ref.read_text())
+    assert json.loads(out)["ids"] == want["ids"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"ids": want["ids"], "text": want["text"], "stats": want["stats"]}))
+    other = fixture_dir("qwen3_next", seed=1)
+    rc, out, err = cli(capsys, "run", "--prompt-ids", "3,1,4", "--model", other, "--max-tokens", 8,
+                       "--force", "accept", "--reference", old, "--gate", "off")
+    assert rc == 0, err
+
+
+def test_fingerprints(tmp_path, ids_fx):
+    """A copy keeps a checkpoint's fingerprint; other weights of the same shape change it; a bare
+    directory has none."""
+    copy = tmp_path / "copy"
+    shutil.copytree(ids_fx, copy)
+    fp = checkpoint_fingerprint(ids_fx)
+    assert isinstance(fp, str) and len(fp) == 16 and checkpoint_fingerprint(copy) == fp
+    assert checkpoint_fingerprint(fixture_dir("qwen3_next", seed=1)) != fp
+    f = sorted(copy.glob("*.safetensors"))[0]
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 1                                   # one bit of the last tensor's last value
+    f.write_bytes(bytes(data))
+    assert checkpoint_fingerprint(copy) != fp
+    assert checkpoint_fingerprint(tmp_path / "nothing") is None
 
 
 def test_sampling_flags(capsys, ids_fx):

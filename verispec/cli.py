@@ -7,6 +7,7 @@ unless --debug.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -91,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "auto (default): on, except for prompts under 128 tokens on CUDA (the exact path is faster there)")
     r.add_argument("--force", default=None, help="test mode: accept|reject|mixed|cycle|rowN|bernoulli:P")
     r.add_argument("--reference", default=None, help="REF.json: the --json output of a plain run")
-    r.add_argument("--json", action="store_true", help='stdout: {"ids", "text", "stats"}')
+    r.add_argument("--json", action="store_true",
+                   help='stdout: {"ids", "text", "stats", "prompt_ids", "sampling", "model"}')
     r.add_argument("--dump-logits", default=None, help=".npy float32 [n_decoded, vocab]")
     add_draft_args(r)
 
@@ -146,14 +148,47 @@ def _model_dir(arg: str | None) -> Path:
     return d
 
 
-def _read_reference(path: str) -> tuple[int, ...]:
+def _read_reference(path: str) -> dict:
+    """The reference's ids (a tuple) and what it records of the run that made it (absent from
+    references written before those keys existed: nothing to check them against)."""
+    from .sampling import SamplingParams
+
     try:
         ref = json.loads(Path(path).read_text())
-        return tuple(int(t) for t in ref["ids"])
+        out = {"ids": tuple(int(t) for t in ref["ids"])}
+        if "prompt_ids" in ref:
+            out["prompt_ids"] = [int(t) for t in ref["prompt_ids"]]
+        if "sampling" in ref:
+            out["sampling"] = SamplingParams(**ref["sampling"])
+        if "model" in ref:
+            out["model"] = None if ref["model"] is None else str(ref["model"])
+        return out
     except FileNotFoundError:
         raise UsageError(f"--reference {path}: no such file") from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
         raise UsageError(f"--reference {path}: not the --json output of a run (needs an \"ids\" list)") from None
+
+
+def _check_reference(path: str, ref: dict, prompt: list[int], sampling, model: str | None) -> None:
+    """The reference must be a plain run of this prompt with these sampling settings on this
+    checkpoint: its ids are then what this run gives, and the forced drafts mean what they say."""
+    if "prompt_ids" in ref and ref["prompt_ids"] != list(prompt):
+        raise UsageError(f"--reference {path}: made for another prompt ({len(ref['prompt_ids'])} prompt ids there, "
+                         f"{len(prompt)} here{', differing' if len(prompt) == len(ref['prompt_ids']) else ''})")
+    if "sampling" in ref:
+        there = ref["sampling"]
+        if not (there.greedy and sampling.greedy) and there != sampling:
+            raise UsageError(f"--reference {path}: made with other sampling ({_sampling_words(there)} there, "
+                             f"{_sampling_words(sampling)} here)")
+    if ref.get("model") is not None and model is not None and ref["model"] != model:
+        raise UsageError(f"--reference {path}: made with another checkpoint (fingerprint {ref['model']} there, "
+                         f"{model} here)")
+
+
+def _sampling_words(s) -> str:
+    if s.greedy:
+        return "greedy"
+    return f"temperature {s.temperature} top-p {s.top_p} top-k {s.top_k} seed {s.seed}"
 
 
 def cmd_run(a: argparse.Namespace) -> int:
@@ -161,6 +196,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     from .config import DraftSettings, RunSettings
     from .engine import load_engine
+    from .fingerprint import checkpoint_fingerprint
     from .gate import Gate  # noqa: F401  (fail early if missing)
     from .report import report_lines
     from .sampling import SamplingParams
@@ -183,7 +219,8 @@ def cmd_run(a: argparse.Namespace) -> int:
         sampling = SamplingParams(a.temperature, a.top_p, a.top_k, a.seed)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    reference = _read_reference(a.reference) if a.reference else None
+    ref = _read_reference(a.reference) if a.reference else None
+    reference = ref["ids"] if ref else None
     drafts = DraftSettings(lookup=a.lookup, lookup_drafts=a.lookup_drafts, mtp=a.mtp, mtp_drafts=a.mtp_drafts,
                            mtp_pstep=a.mtp_pstep, mtp_vocab=a.mtp_vocab, gate=a.gate, force=a.force,
                            reference=reference)
@@ -204,15 +241,22 @@ def cmd_run(a: argparse.Namespace) -> int:
         prompt = eng.encode(text)
     if a.mtp == "on" and not eng.has_mtp:
         raise UsageError(f"--mtp on: {eng.path} has no MTP head (mtp.* tensors)")
-    if reference is not None:
+    model = checkpoint_fingerprint(eng.path) if (a.json or ref) else None
+    if ref is not None:
         try:
             eng.check_ids(list(reference))
         except UsageError as e:
             raise UsageError(f"--reference {a.reference}: {e} (a reference from another model?)") from None
+        _check_reference(a.reference, ref, prompt, sampling, model)
     res = eng.generate(prompt, settings, keep_logits=a.dump_logits is not None)
     if a.usage_save:
         eng.save_usage()
-    _print_stdout(json.dumps({"ids": res.ids, "text": res.text, "stats": res.stats}) if a.json else res.text)
+    if a.json:
+        # what a --reference made from this output is checked against (_check_reference)
+        run = {"prompt_ids": list(prompt), "sampling": dataclasses.asdict(sampling), "model": model}
+        _print_stdout(json.dumps({"ids": res.ids, "text": res.text, "stats": res.stats, **run}))
+    else:
+        _print_stdout(res.text)
     for line in report_lines(res.stats, gate_on=drafts.gate):
         print(line, file=sys.stderr)
     if a.dump_logits:       # after the text: a failed write loses nothing else
