@@ -28,7 +28,12 @@ STATS_KEYS = ("tokens", "forwards", "drafts", "accepted", "verifies", "prefill_t
 
 def cli(capsys, *argv) -> tuple[int, str, str]:
     capsys.readouterr()                       # drop anything printed before (fixture writing)
-    rc = main([str(a) for a in argv])
+    argv = [str(a) for a in argv]
+    if argv[:1] == ["run"] and "--device" not in argv:
+        # the references here are CPU engines; `auto` would pick a GPU where there is one (device
+        # call 179: four tests failed there). tests/test_cuda.py runs the CLI on CUDA.
+        argv[1:1] = ["--device", "cpu"]
+    rc = main(argv)
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -486,7 +491,7 @@ def test_installed_console_script(tmp_path, ids_fx):
         exe = shutil.which("verispec")
     assert exe, "the verispec console script is not installed (pip install -e .)"
     r = subprocess.run([str(exe), "run", "--prompt-ids", "1,2,3", "--model", str(ids_fx), "--max-tokens", "3",
-                        "--json"], capture_output=True, text=True, timeout=120)
+                        "--json", "--device", "cpu"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["ids"] == engine("qwen3_next").generate([1, 2, 3], RunSettings(max_tokens=3)).ids
