@@ -41,6 +41,7 @@ Writes JSON to --out (default $OUT or bench/results) and prints a summary table 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -843,7 +844,10 @@ def main() -> int:
                 log(f"[{name}] FAILED: {e!r}")
             save()
     if "spec" in sections:
-        del eng, ck, steps
+        del eng, ck, steps, fn
+        # the model and its graphs refer to each other (Model.graphs, .prompt_graphs): only the cycle
+        # collector frees them, and an 80 GB card holds one 68 GiB model, not two (device call 178)
+        gc.collect()
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
         try:

@@ -31,7 +31,7 @@ def cli(capsys, *argv) -> tuple[int, str, str]:
     argv = [str(a) for a in argv]
     if argv[:1] == ["run"] and "--device" not in argv:
         # the references here are CPU engines; `auto` would pick a GPU where there is one (device
-        # call 179: four tests failed there). tests/test_cuda.py runs the CLI on CUDA.
+        # call 178: four tests failed there). tests/test_cuda.py runs the CLI on CUDA.
         argv[1:1] = ["--device", "cpu"]
     rc = main(argv)
     out, err = capsys.readouterr()
