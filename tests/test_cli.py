@@ -406,6 +406,10 @@ def _bad(tmp_path: Path, fx: Path, case: str) -> tuple[list, int, str]:
         ref = tmp_path / "ref.json"
         ref.write_text(json.dumps({"ids": [1, 999999], "text": "", "stats": {}}))
         return ["run", "hi", "--force", "accept", "--reference", ref, *m], 2, "--reference"
+    if case == "reference with a damaged run record":
+        ref = tmp_path / "ref.json"
+        ref.write_text(json.dumps({"ids": [1, 2], "text": "", "stats": {}, "sampling": {"temperature": "hot"}}))
+        return ["run", "hi", "--force", "accept", "--reference", ref, *m], 2, "--reference"
     if case == "context beyond the model's positions":
         return ["run", "hi", "--context", 10 ** 6, *m], 2, "max_position_embeddings"
     if case == "dump-logits into a directory":
@@ -425,7 +429,7 @@ BAD_CASES = [
     "safetensors header that is not an object", "safetensors entry without data_offsets",
     "index whose weight_map is a list", "damaged tokenizer.json", "damaged tokenizer_config.json",
     "chat template that does not compile", "chat with prompt ids", "reference without force",
-    "reference ids outside the vocabulary", "context beyond the model's positions", "dump-logits into a directory",
+    "reference ids outside the vocabulary", "reference with a damaged run record", "context beyond the model's positions", "dump-logits into a directory",
 ]
 
 

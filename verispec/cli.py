@@ -165,7 +165,7 @@ def _read_reference(path: str) -> dict:
         return out
     except FileNotFoundError:
         raise UsageError(f"--reference {path}: no such file") from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         raise UsageError(f"--reference {path}: not the --json output of a run (needs an \"ids\" list)") from None
 
 
