@@ -32,7 +32,7 @@ import torch
 from verispec.config import DraftSettings, RunSettings, default_model_dir
 from verispec.engine import Engine, load_engine
 from verispec.execution import Execution
-from verispec.ops import chunk_delta
+from verispec.ops import chunk_delta, chunk_parts_cuda
 from verispec.prompt_graphs import CAPTURE_AFTER, PromptGraphs
 from verispec.prompt_pieces import ContinuationGraphs
 from verispec.random_model import preset_config, random_checkpoint
@@ -62,8 +62,10 @@ def main() -> int:
                         "its bucket but never captured: a bucket's first run, verispec/prompt_graphs.py), "
                         "batched_unpadded (no prompt graphs at all), batched_rows (the recurrence row by row at any "
                         "length: delta_steps on CUDA), batched_chunks (in chunks at any length), batched_chunks_eager (the same, "
-                        "never captured) to run, comma-separated; batched_rows and batched_chunks hold prompt graphs "
-                        "of their own")
+                        "never captured), batched_eager_torch and batched_chunks_eager_torch (those two with the "
+                        "chunks' state-free parts as torch operations, not one Triton launch: "
+                        "verispec/ops/chunk_parts_cuda.py) to run, comma-separated; batched_rows and batched_chunks "
+                        "hold prompt graphs of their own")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefill_rows.json"))
     a = p.parse_args()
     exact = RunSettings(max_tokens=1, prefill_batch=False, drafts=DraftSettings(lookup=False, mtp="off"))
@@ -75,7 +77,11 @@ def main() -> int:
              "batched_rows": ("batched, the recurrence row by row", (batched, "rows")),
              "batched_chunks": ("batched, the recurrence in chunks at any length", (batched, "chunks")),
              "batched_chunks_eager": ("batched, the recurrence in chunks at any length, prompt graphs never captured",
-                                      (batched, "chunks_eager"))}
+                                      (batched, "chunks_eager")),
+             "batched_eager_torch": ("batched, prompt graphs never captured, the chunks' parts in torch",
+                                     (batched, "eager_torch")),
+             "batched_chunks_eager_torch": ("batched, the recurrence in chunks at any length, prompt graphs never "
+                                            "captured, the chunks' parts in torch", (batched, "chunks_eager_torch"))}
     asked = a.arms.split(",")
     if any(k not in every for k in asked):
         p.error(f"--arms: a comma-separated choice of {', '.join(every)}, got {a.arms!r}")
@@ -123,6 +129,9 @@ def main() -> int:
         # captured on its second use)
         for r in range(-2, a.rounds):
             for name, (settings, rows) in arms.items():
+                torch_parts = isinstance(rows, str) and rows.endswith("_torch")
+                if torch_parts:
+                    rows = rows.removesuffix("_torch")
                 dec = eng.new_decoder(settings, prefix + prompt)
                 if prefix:
                     dec.prefill(prefix)
@@ -132,9 +141,11 @@ def main() -> int:
                 if rows in ("chunks", "chunks_eager"):
                     chunk_delta.CUDA_FROM = 0
                 m.prompt_graphs, m.prompt_pieces = graphs_for(rows)
+                chunk_parts_cuda.enabled = not torch_parts
                 t = time.perf_counter()
                 eng.generate(prefix + prompt, settings, decoder=dec, reuse=len(prefix))
                 chunk_delta.enabled, chunk_delta.CUDA_FROM = True, cuda_from
+                chunk_parts_cuda.enabled = True
                 m.prompt_graphs, m.prompt_pieces = mine
                 if r >= 0:
                     raw[name].append(len(prompt) / (time.perf_counter() - t))

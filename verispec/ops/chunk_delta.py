@@ -13,8 +13,8 @@ with S0 the state at the chunk's start, G_t = g_1 + .. + g_t (log decays, <= 0),
   S_C      = exp(G_C) S0 + (diag(exp(G_C - G)) K)^T U
 
 which is the row-by-row rule re-associated (tests/test_chunk_delta.py holds it to the row-wise
-one in fp64). The state-free parts run batched over every chunk and head (torch); the chain of
-chunks runs in one Triton launch on CUDA (the state in registers; tl.dot in tf32x3, three TF32
+one in fp64). The state-free parts run batched over every chunk and head (torch; on CUDA one Triton
+launch, chunk_parts_cuda.py, beside the chain); the chain of chunks runs in one Triton launch on CUDA (the state in registers; tl.dot in tf32x3, three TF32
 products for each: 1.2e-7 from fp64 where plain TF32 was 8e-4, bench/chunk_delta_probe.py), or as
 a torch loop elsewhere (the CPU). Prefill only: the re-association rounds differently from the
 row-wise kernels, so these bits are not a decode step's.
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import deltanet
+from . import chunk_parts_cuda, deltanet
 
 try:
     import triton
@@ -136,9 +136,10 @@ def delta_rule_prepared(q, k, v, g, beta, state, c: int = CHUNK, use_triton: boo
     """q, k [Hv, P, dk], v [Hv, P, dv], g, beta [Hv, P] fp32 (normed, scaled, repeated: deltanet.prepare's,
     heads first); state [Hv, dk, dv] fp32, updated in place -> o [P, Hv, dv] fp32."""
     rows = q.shape[1]
-    parts = chunk_parts(q, k, v, g, beta, c)
     if use_triton is None:
         use_triton = usable(state, q.shape[-1], v.shape[-1])
+    fused = use_triton and chunk_parts_cuda.usable(q, v, c)
+    parts = (chunk_parts_cuda.chunk_parts if fused else chunk_parts)(q, k, v, g, beta, c)
     out = (chain_triton if use_triton else chain_torch)(*parts, state)
     return out.reshape(out.shape[0], -1, out.shape[-1])[:, :rows].transpose(0, 1)
 

@@ -1,0 +1,84 @@
+"""The chunks' state-free parts in one Triton launch (verispec/ops/chunk_parts_cuda.py) against the
+torch parts (chunk_delta.chunk_parts) in fp64, at the 35B-A3B DeltaNet widths (32 value heads of
+128 x 128) with the model's strided layout and a part-filled last chunk. Skipped where torch sees
+no CUDA GPU (CI); run on the device machine."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+
+from verispec.ops import chunk_delta, chunk_parts_cuda  # noqa: E402
+
+HV, DK, DV = 32, 128, 128
+NAMES = ("kc", "w", "qg", "p", "kd", "dec")
+
+
+def _inputs(rows: int, correlated: bool, seed: int = 0):
+    """q, k [Hv, P, dk], v [Hv, P, dv], g, beta [Hv, P] as chunk_delta.delta_rule hands them on:
+    transposed views of [P, Hv, *] tensors. Correlated: every key near one direction, beta near 1 and
+    almost no decay, the hardest case for the triangular solve (its entries grow along the chunk)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    k = torch.randn(rows, HV, DK, device="cuda", generator=gen)
+    if correlated:
+        k = k * 0.1 + torch.randn(1, HV, DK, device="cuda", generator=gen)
+    q = F.normalize(torch.randn(rows, HV, DK, device="cuda", generator=gen), dim=-1) * DK ** -0.5
+    k = F.normalize(k, dim=-1)
+    v = torch.randn(rows, HV, DV, device="cuda", generator=gen)
+    if correlated:
+        g = -torch.rand(rows, HV, device="cuda", generator=gen) * 0.01
+        beta = 0.9 + 0.1 * torch.rand(rows, HV, device="cuda", generator=gen)
+    else:
+        g = -torch.rand(rows, HV, device="cuda", generator=gen) * 0.5
+        beta = torch.rand(rows, HV, device="cuda", generator=gen)
+    return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), g.t(), beta.t()
+
+
+def _rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("rows,correlated", [(300, False), (64, False), (1100, False), (300, True)])
+def test_chunk_parts_in_one_launch_match_the_torch_parts(rows, correlated):
+    """Each of the six parts is as close to the fp64 parts as the fp32 torch parts are (within 4x
+    and 1e-6), and two launches give the same bits."""
+    x = _inputs(rows, correlated)
+    assert chunk_parts_cuda.usable(x[0], x[2], chunk_delta.CHUNK)
+    ref = [t.clone() for t in chunk_delta.chunk_parts(*(t.double() for t in x))]
+    mine = chunk_delta.chunk_parts(*x)
+    got = chunk_parts_cuda.chunk_parts(*x, chunk_delta.CHUNK)
+    again = chunk_parts_cuda.chunk_parts(*x, chunk_delta.CHUNK)
+    errs = {}
+    for name, g, m, r in zip(NAMES, got, mine, ref):
+        assert g.shape == r.shape and g.dtype == torch.float32, name
+        errs[name] = (_rel(g, r), _rel(m, r))
+    print(f"rows {rows} correlated {correlated}: (one launch, torch) relative to fp64:", errs)
+    for name, (e_got, e_torch) in errs.items():
+        assert e_got <= max(4 * e_torch, 1e-6), (name, e_got, e_torch)
+    assert all(torch.equal(a, b) for a, b in zip(got, again))
+
+
+def test_the_rule_with_fused_parts_follows_the_rows():
+    """The whole chunked rule with the fused parts (the default on CUDA) against the same rule with
+    the torch parts, outputs and final state, and a 300-row prompt cut in two (the state carried
+    from the first part) against it in one."""
+    q, k, v, g, beta = _inputs(300, False, seed=1)
+    s0 = torch.randn(HV, DK, DV, device="cuda") * 0.05
+    outs = {}
+    for fused in (True, False):
+        chunk_parts_cuda.enabled = fused
+        try:
+            st = s0.clone()
+            outs[fused] = (chunk_delta.delta_rule_prepared(q, k, v, g, beta, st), st)
+        finally:
+            chunk_parts_cuda.enabled = True
+    rel = [((a - b).norm() / b.norm()).item() for a, b in zip(outs[True], outs[False])]
+    st = s0.clone()
+    first = chunk_delta.delta_rule_prepared(q[:, :130], k[:, :130], v[:, :130], g[:, :130], beta[:, :130], st)
+    second = chunk_delta.delta_rule_prepared(q[:, 130:], k[:, 130:], v[:, 130:], g[:, 130:], beta[:, 130:], st)
+    split = torch.cat([first, second])
+    rel += [((split - outs[True][0]).norm() / outs[True][0].norm()).item(),
+            ((st - outs[True][1]).norm() / outs[True][1].norm()).item()]
+    print("fused/torch out, state; split/whole out, state:", rel)
+    assert max(rel) < 1e-5, rel

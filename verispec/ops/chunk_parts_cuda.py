@@ -1,0 +1,97 @@
+"""The state-free parts of every chunk (chunk_delta.chunk_parts) in one Triton launch.
+
+chunk_parts runs ~45 torch operations a DeltaNet layer (pads, cumsums, masks, two products, a
+batched triangular solve, the scalings). Graphed that costs little, but a prompt's first run of a
+bucket and every prompt of `verispec run` is eager, and eager the chunked forward ran 1.3-2.0x slower
+than graphed on the H100 (device call 177: 4167 against 8346 tok/s at 512 rows, 8699 against 11523 at
+1024), where the row-by-row forward lost 1.09x (6891 against 7513 at 512).
+Here one program takes one (value head, chunk) and writes the same six tensors. Its own order of
+sums: the triangular solve is a forward substitution on (I + A)^-1 row by row in fp32, then
+(I + A)^-1 times the right-hand sides by tl.dot in tf32x3 (three TF32 products, fp32-close, as the
+chain of chunks); so the bits differ from the torch parts (within fp32 rounding:
+tests/test_cuda.py's test_chunked_delta_rule_on_the_gpu) but not from one run to the next.
+Prefill only, as the chunks are.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - the CPU machine has no triton
+    triton = None
+
+enabled = True     # bench/prefill_rows.py's `batched_chunks_torch` arms switch it off to time the torch parts
+PREC, WARPS = "tf32x3", 8
+
+if triton is not None:
+    @triton.jit
+    def _parts(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, sqh, sqp, skh, skp, svh, svp, sgh, sgp,
+               kc_ptr, w_ptr, qg_ptr, p_ptr, kd_ptr, dec_ptr, P, N,
+               C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PREC: tl.constexpr):
+        """Program (h, i): value head h's chunk i. q, k [Hv, P, DK], v [Hv, P, DV], g, beta [Hv, P]
+        fp32 by their strides (the last dim contiguous); rows past P read as zero (no delta, no
+        decay). Writes kc, qg, kd [Hv, N, C, DK], w [Hv, N, C, DV], p [Hv, N, C, C], dec [Hv, N]."""
+        h = tl.program_id(0).to(tl.int64)
+        i = tl.program_id(1)
+        rc = tl.arange(0, C)
+        rows = i * C + rc
+        live = rows < P
+        rk = tl.arange(0, DK)
+        rv = tl.arange(0, DV)
+        g = tl.load(g_ptr + h * sgh + rows * sgp, mask=live, other=0.0)            # [C]
+        beta = tl.load(b_ptr + h * sgh + rows * sgp, mask=live, other=0.0)
+        k = tl.load(k_ptr + h * skh + rows[:, None] * skp + rk[None, :], mask=live[:, None], other=0.0)   # [C, DK]
+        cum = tl.cumsum(g, 0)                                                        # G_t
+        lower = rc[:, None] >= rc[None, :]                                           # s <= t
+        decay = tl.where(lower, tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0)), 0.0)
+        kk = tl.dot(k, tl.trans(k), input_precision=PREC)
+        a = tl.where(rc[:, None] > rc[None, :], beta[:, None] * decay * kk, 0.0)   # strictly lower
+        # (I + A)^-1 row by row: T[t] = e_t - sum_{s<t} A[t, s] T[s]
+        t_inv = tl.where(rc[:, None] == rc[None, :], 1.0, 0.0)
+        for t in range(1, C):
+            a_t = tl.sum(tl.where(rc[:, None] == t, a, 0.0), 0)                     # A[t, :] [C]
+            contrib = tl.sum(a_t[:, None] * t_inv, 0)                                # [C]
+            t_inv = tl.where(rc[:, None] == t, t_inv - contrib[None, :], t_inv)
+        last = tl.sum(tl.where(rc == C - 1, cum, 0.0), 0)                            # G_C
+        eg = tl.exp(cum)
+        base = (h * N + i).to(tl.int64)
+        kc = tl.dot(t_inv, (beta * eg)[:, None] * k, input_precision=PREC)
+        tl.store(kc_ptr + base * C * DK + rc[:, None] * DK + rk[None, :], kc)
+        tl.store(kd_ptr + base * C * DK + rc[:, None] * DK + rk[None, :], tl.exp(last - cum)[:, None] * k)
+        v = tl.load(v_ptr + h * svh + rows[:, None] * svp + rv[None, :], mask=live[:, None], other=0.0)   # [C, DV]
+        w = tl.dot(t_inv, beta[:, None] * v, input_precision=PREC)
+        tl.store(w_ptr + base * C * DV + rc[:, None] * DV + rv[None, :], w)
+        q = tl.load(q_ptr + h * sqh + rows[:, None] * sqp + rk[None, :], mask=live[:, None], other=0.0)
+        tl.store(qg_ptr + base * C * DK + rc[:, None] * DK + rk[None, :], eg[:, None] * q)
+        p = decay * tl.dot(q, tl.trans(k), input_precision=PREC)
+        tl.store(p_ptr + base * C * C + rc[:, None] * C + rc[None, :], p)
+        tl.store(dec_ptr + base, tl.exp(last))
+
+
+def usable(q: torch.Tensor, v: torch.Tensor, c: int) -> bool:
+    """On: CUDA, fp32, the last dims contiguous, power-of-two widths of 16 to 128 and chunk."""
+    pow2 = all(16 <= n <= 128 and n & (n - 1) == 0 for n in (q.shape[-1], v.shape[-1], c))
+    return (enabled and triton is not None and q.is_cuda and q.dtype == v.dtype == torch.float32
+            and q.stride(-1) == 1 and v.stride(-1) == 1 and pow2)
+
+
+def chunk_parts(q, k, v, g, beta, c: int):
+    """chunk_delta.chunk_parts's inputs (q, k [Hv, P, dk], v [Hv, P, dv], g, beta [Hv, P] fp32, any
+    strides but the last dim's) and results (kc, w, qg, p, kd [Hv, N, c, *] and dec [Hv, N]), one launch."""
+    hv, rows, dk = q.shape
+    dv = v.shape[-1]
+    n = -(-rows // c)
+    dev = q.device
+    kc, qg, kd = (torch.empty(hv, n, c, dk, dtype=torch.float32, device=dev) for _ in range(3))
+    w = torch.empty(hv, n, c, dv, dtype=torch.float32, device=dev)
+    p = torch.empty(hv, n, c, c, dtype=torch.float32, device=dev)
+    dec = torch.empty(hv, n, dtype=torch.float32, device=dev)
+    if g.stride() != beta.stride():      # the kernel reads both by g's strides
+        g, beta = g.contiguous(), beta.contiguous()
+    _parts[(hv, n)](q, k, v, g, beta, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                    g.stride(0), g.stride(1), kc, w, qg, p, kd, dec, rows, n, C=c, DK=dk, DV=dv, PREC=PREC,
+                    num_warps=WARPS)
+    return kc, w, qg, p, kd, dec
