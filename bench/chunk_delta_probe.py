@@ -5,6 +5,11 @@ to an fp64 torch chain.
 
     python3 bench/chunk_delta_probe.py [--tokens 4096] [--rounds 5] [--only "tf32x3 bv32"]
 
+The `parts torch` and `parts triton` arms time the chunks' state-free parts instead
+(chunk_delta.chunk_parts against verispec/ops/chunk_parts_cuda.py's one launch; --only parts), on the
+GPU (CUDA events) and on the host's clock (a synchronize after each, launch costs included), each
+part's error against the fp64 parts.
+
 (Call 157: "tf32x3 bv16 w8" ended the process with an illegal memory access, so run the arms a few
 at a time with --only.)
 """
@@ -14,13 +19,32 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from pathlib import Path
 
 import torch
 
-from verispec.ops import chunk_delta
+from verispec.ops import chunk_delta, chunk_parts_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _graphed(fn):
+    """fn captured in a CUDA graph: its replay, whose outputs are the captured tensors (the GPU's time
+    alone, no launches from the host)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        list(fn())                          # the Triton compile and torch's workspaces outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = list(fn())
+
+    def replay():
+        graph.replay()
+        return outs
+    return replay
 
 
 def main() -> int:
@@ -70,6 +94,34 @@ def main() -> int:
         res[name] = {"ms": ms, "median_ms": statistics.median(ms), "rel_err_fp64": err}
         print(f"{name}: {statistics.median(ms):.3f} ms [{min(ms):.3f}-{max(ms):.3f}], relative error {err:.2e}",
               flush=True)
+    # the parts' v as the model hands it on: a slice of the conv's output [channels, P], rows adjacent
+    vm = v.permute(0, 2, 1).contiguous().permute(0, 2, 1)
+    ref_parts = list(chunk_delta.chunk_parts(*(t.double() for t in (q, k, vm, gg, beta))))
+    parts_arms = {"parts torch": lambda: chunk_delta.chunk_parts(q, k, vm, gg, beta),
+                  "parts triton": lambda: chunk_parts_cuda.chunk_parts(q, k, vm, gg, beta, chunk_delta.CHUNK)}
+    for name in list(parts_arms):
+        if a.only in name + " graphed":
+            parts_arms[name + " graphed"] = _graphed(parts_arms[name])
+    for name, fn in parts_arms.items():
+        if a.only not in name:
+            continue
+        errs = [((o.double() - r).norm() / r.norm()).item() for o, r in zip(fn(), ref_parts)]
+        ms, wall = [], []
+        for _ in range(a.rounds):
+            torch.cuda.synchronize()
+            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            w0 = time.perf_counter()
+            t0.record()
+            list(fn())
+            t1.record()
+            torch.cuda.synchronize()
+            wall.append((time.perf_counter() - w0) * 1e3)
+            ms.append(t0.elapsed_time(t1))
+        res[name] = {"ms": ms, "median_ms": statistics.median(ms), "wall_ms": wall,
+                     "median_wall_ms": statistics.median(wall), "rel_err_fp64": errs}
+        print(f"{name}: GPU {statistics.median(ms):.3f} ms [{min(ms):.3f}-{max(ms):.3f}], host clock "
+              f"{statistics.median(wall):.3f} ms [{min(wall):.3f}-{max(wall):.3f}]; relative error of kc, w, qg, "
+              f"p, kd, dec: {', '.join(f'{e:.1e}' for e in errs)}", flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"tokens": a.tokens, "arms": res}, indent=1) + "\n")
     return 0

@@ -62,7 +62,8 @@ def main() -> int:
                         "its bucket but never captured: a bucket's first run, verispec/prompt_graphs.py), "
                         "batched_unpadded (no prompt graphs at all), batched_rows (the recurrence row by row at any "
                         "length: delta_steps on CUDA), batched_chunks (in chunks at any length), batched_chunks_eager (the same, "
-                        "never captured), batched_eager_torch and batched_chunks_eager_torch (those two with the "
+                        "never captured), batched_torch, batched_eager_torch, batched_chunks_torch and "
+                        "batched_chunks_eager_torch (those four with the "
                         "chunks' state-free parts as torch operations, not one Triton launch: "
                         "verispec/ops/chunk_parts_cuda.py) to run, comma-separated; batched_rows and batched_chunks "
                         "hold prompt graphs of their own")
@@ -78,8 +79,11 @@ def main() -> int:
              "batched_chunks": ("batched, the recurrence in chunks at any length", (batched, "chunks")),
              "batched_chunks_eager": ("batched, the recurrence in chunks at any length, prompt graphs never captured",
                                       (batched, "chunks_eager")),
+             "batched_torch": ("batched, the chunks' parts in torch", (batched, "default_torch")),
              "batched_eager_torch": ("batched, prompt graphs never captured, the chunks' parts in torch",
                                      (batched, "eager_torch")),
+             "batched_chunks_torch": ("batched, the recurrence in chunks at any length, the chunks' parts in torch",
+                                      (batched, "chunks_torch")),
              "batched_chunks_eager_torch": ("batched, the recurrence in chunks at any length, prompt graphs never "
                                             "captured, the chunks' parts in torch", (batched, "chunks_eager_torch"))}
     asked = a.arms.split(",")
@@ -109,14 +113,15 @@ def main() -> int:
 
     def graphs_for(rows):
         """The prompt graphs an arm runs with: the model's own, none, or a pair of its own (never
-        captured for "eager"; for "rows" and "chunks", whose buckets must not replay another arm's
-        captures of the other recurrence)."""
-        if rows == "unpadded" or mine[0] is None:
+        captured for "eager"; for "rows", "chunks" and the "_torch" arms, whose buckets must not
+        replay another arm's captures of another recurrence or other parts)."""
+        base = rows.removesuffix("_torch")
+        if base == "unpadded" or mine[0] is None:
             return None, None
-        if rows not in ("eager", "rows", "chunks", "chunks_eager"):
+        if rows not in ("eager", "rows", "chunks", "chunks_eager") and rows == base:
             return mine
         if rows not in own:
-            cap = None if rows in ("eager", "chunks_eager") else CAPTURE_AFTER
+            cap = None if base in ("eager", "chunks_eager") else CAPTURE_AFTER
             # pieces only where the model has them (prompt_pieces.ENABLED)
             own[rows] = (PromptGraphs(m, mine[0].min_rows, capture_after=cap),
                          mine[1] and ContinuationGraphs(m, mine[1].min_rows, capture_after=cap))
@@ -129,19 +134,17 @@ def main() -> int:
         # captured on its second use)
         for r in range(-2, a.rounds):
             for name, (settings, rows) in arms.items():
-                torch_parts = isinstance(rows, str) and rows.endswith("_torch")
-                if torch_parts:
-                    rows = rows.removesuffix("_torch")
+                base = rows.removesuffix("_torch") if isinstance(rows, str) else rows
                 dec = eng.new_decoder(settings, prefix + prompt)
                 if prefix:
                     dec.prefill(prefix)
                 if isinstance(rows, int):
                     dec.config.prefill_rows = rows
-                chunk_delta.enabled, cuda_from = rows != "rows", chunk_delta.CUDA_FROM
-                if rows in ("chunks", "chunks_eager"):
+                chunk_delta.enabled, cuda_from = base != "rows", chunk_delta.CUDA_FROM
+                if base in ("chunks", "chunks_eager"):
                     chunk_delta.CUDA_FROM = 0
-                m.prompt_graphs, m.prompt_pieces = graphs_for(rows)
-                chunk_parts_cuda.enabled = not torch_parts
+                m.prompt_graphs, m.prompt_pieces = graphs_for(rows) if isinstance(rows, str) else mine
+                chunk_parts_cuda.enabled = base == rows
                 t = time.perf_counter()
                 eng.generate(prefix + prompt, settings, decoder=dec, reuse=len(prefix))
                 chunk_delta.enabled, chunk_delta.CUDA_FROM = True, cuda_from

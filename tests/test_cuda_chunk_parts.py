@@ -17,7 +17,8 @@ NAMES = ("kc", "w", "qg", "p", "kd", "dec")
 
 def _inputs(rows: int, correlated: bool, seed: int = 0):
     """q, k [Hv, P, dk], v [Hv, P, dv], g, beta [Hv, P] as chunk_delta.delta_rule hands them on:
-    transposed views of [P, Hv, *] tensors. Correlated: every key near one direction, beta near 1 and
+    transposed views of [P, Hv, *] tensors, v's rows adjacent in memory (the model's v is a slice of
+    the conv's output, laid out [channels, P]). Correlated: every key near one direction, beta near 1 and
     almost no decay, the hardest case for the triangular solve (its entries grow along the chunk)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     k = torch.randn(rows, HV, DK, device="cuda", generator=gen)
@@ -25,7 +26,7 @@ def _inputs(rows: int, correlated: bool, seed: int = 0):
         k = k * 0.1 + torch.randn(1, HV, DK, device="cuda", generator=gen)
     q = F.normalize(torch.randn(rows, HV, DK, device="cuda", generator=gen), dim=-1) * DK ** -0.5
     k = F.normalize(k, dim=-1)
-    v = torch.randn(rows, HV, DV, device="cuda", generator=gen)
+    v = torch.randn(HV * DV, rows, device="cuda", generator=gen).t().reshape(rows, HV, DV)
     if correlated:
         g = -torch.rand(rows, HV, device="cuda", generator=gen) * 0.01
         beta = 0.9 + 0.1 * torch.rand(rows, HV, device="cuda", generator=gen)
@@ -44,6 +45,7 @@ def test_chunk_parts_in_one_launch_match_the_torch_parts(rows, correlated):
     """Each of the six parts is as close to the fp64 parts as the fp32 torch parts are (within 4x
     and 1e-6), and two launches give the same bits."""
     x = _inputs(rows, correlated)
+    assert x[2].stride(1) == 1 and x[2].stride(2) == rows     # v as the model hands it on
     assert chunk_parts_cuda.usable(x[0], x[2], chunk_delta.CHUNK)
     ref = [t.clone() for t in chunk_delta.chunk_parts(*(t.double() for t in x))]
     mine = chunk_delta.chunk_parts(*x)

@@ -28,11 +28,11 @@ PREC, WARPS = "tf32x3", 8
 
 if triton is not None:
     @triton.jit
-    def _parts(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, sqh, sqp, skh, skp, svh, svp, sgh, sgp,
+    def _parts(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, sqh, sqp, sqd, skh, skp, skd, svh, svp, svd, sgh, sgp,
                kc_ptr, w_ptr, qg_ptr, p_ptr, kd_ptr, dec_ptr, P, N,
                C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PREC: tl.constexpr):
         """Program (h, i): value head h's chunk i. q, k [Hv, P, DK], v [Hv, P, DV], g, beta [Hv, P]
-        fp32 by their strides (the last dim contiguous); rows past P read as zero (no delta, no
+        fp32 by their strides; rows past P read as zero (no delta, no
         decay). Writes kc, qg, kd [Hv, N, C, DK], w [Hv, N, C, DV], p [Hv, N, C, C], dec [Hv, N]."""
         h = tl.program_id(0).to(tl.int64)
         i = tl.program_id(1)
@@ -43,7 +43,7 @@ if triton is not None:
         rv = tl.arange(0, DV)
         g = tl.load(g_ptr + h * sgh + rows * sgp, mask=live, other=0.0)            # [C]
         beta = tl.load(b_ptr + h * sgh + rows * sgp, mask=live, other=0.0)
-        k = tl.load(k_ptr + h * skh + rows[:, None] * skp + rk[None, :], mask=live[:, None], other=0.0)   # [C, DK]
+        k = tl.load(k_ptr + h * skh + rows[:, None] * skp + rk[None, :] * skd, mask=live[:, None], other=0.0)   # [C, DK]
         cum = tl.cumsum(g, 0)                                                        # G_t
         lower = rc[:, None] >= rc[None, :]                                           # s <= t
         decay = tl.where(lower, tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0)), 0.0)
@@ -61,10 +61,10 @@ if triton is not None:
         kc = tl.dot(t_inv, (beta * eg)[:, None] * k, input_precision=PREC)
         tl.store(kc_ptr + base * C * DK + rc[:, None] * DK + rk[None, :], kc)
         tl.store(kd_ptr + base * C * DK + rc[:, None] * DK + rk[None, :], tl.exp(last - cum)[:, None] * k)
-        v = tl.load(v_ptr + h * svh + rows[:, None] * svp + rv[None, :], mask=live[:, None], other=0.0)   # [C, DV]
+        v = tl.load(v_ptr + h * svh + rows[:, None] * svp + rv[None, :] * svd, mask=live[:, None], other=0.0)   # [C, DV]
         w = tl.dot(t_inv, beta[:, None] * v, input_precision=PREC)
         tl.store(w_ptr + base * C * DV + rc[:, None] * DV + rv[None, :], w)
-        q = tl.load(q_ptr + h * sqh + rows[:, None] * sqp + rk[None, :], mask=live[:, None], other=0.0)
+        q = tl.load(q_ptr + h * sqh + rows[:, None] * sqp + rk[None, :] * sqd, mask=live[:, None], other=0.0)
         tl.store(qg_ptr + base * C * DK + rc[:, None] * DK + rk[None, :], eg[:, None] * q)
         p = decay * tl.dot(q, tl.trans(k), input_precision=PREC)
         tl.store(p_ptr + base * C * C + rc[:, None] * C + rc[None, :], p)
@@ -72,15 +72,15 @@ if triton is not None:
 
 
 def usable(q: torch.Tensor, v: torch.Tensor, c: int) -> bool:
-    """On: CUDA, fp32, the last dims contiguous, power-of-two widths of 16 to 128 and chunk."""
+    """On: CUDA, fp32, power-of-two widths of 16 to 128 and chunk."""
     pow2 = all(16 <= n <= 128 and n & (n - 1) == 0 for n in (q.shape[-1], v.shape[-1], c))
     return (enabled and triton is not None and q.is_cuda and q.dtype == v.dtype == torch.float32
-            and q.stride(-1) == 1 and v.stride(-1) == 1 and pow2)
+            and pow2)
 
 
 def chunk_parts(q, k, v, g, beta, c: int):
     """chunk_delta.chunk_parts's inputs (q, k [Hv, P, dk], v [Hv, P, dv], g, beta [Hv, P] fp32, any
-    strides but the last dim's) and results (kc, w, qg, p, kd [Hv, N, c, *] and dec [Hv, N]), one launch."""
+    strides: the model's v has its rows, not its columns, adjacent) and results (kc, w, qg, p, kd [Hv, N, c, *] and dec [Hv, N]), one launch."""
     hv, rows, dk = q.shape
     dv = v.shape[-1]
     n = -(-rows // c)
@@ -91,7 +91,6 @@ def chunk_parts(q, k, v, g, beta, c: int):
     dec = torch.empty(hv, n, dtype=torch.float32, device=dev)
     if g.stride() != beta.stride():      # the kernel reads both by g's strides
         g, beta = g.contiguous(), beta.contiguous()
-    _parts[(hv, n)](q, k, v, g, beta, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                    g.stride(0), g.stride(1), kc, w, qg, p, kd, dec, rows, n, C=c, DK=dk, DV=dv, PREC=PREC,
+    _parts[(hv, n)](q, k, v, g, beta, *q.stride(), *k.stride(), *v.stride(), g.stride(0), g.stride(1), kc, w, qg, p, kd, dec, rows, n, C=c, DK=dk, DV=dv, PREC=PREC,
                     num_warps=WARPS)
     return kc, w, qg, p, kd, dec
