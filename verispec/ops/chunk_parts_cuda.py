@@ -25,12 +25,14 @@ except ImportError:  # pragma: no cover - the CPU machine has no triton
 
 enabled = True     # bench/prefill_rows.py's `batched_chunks_torch` arms switch it off to time the torch parts
 PREC, WARPS = "tf32x3", 8
+SCRATCH = True     # the triangular solve reads A back a row at a time (False: from registers, by a masked sum)
 
 if triton is not None:
     @triton.jit
     def _parts(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, sqh, sqp, sqd, skh, skp, skd, svh, svp, svd, sgh, sgp,
                kc_ptr, w_ptr, qg_ptr, p_ptr, kd_ptr, dec_ptr, P, N,
-               C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PREC: tl.constexpr):
+               C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PREC: tl.constexpr,
+               SCRATCH: tl.constexpr):
         """Program (h, i): value head h's chunk i. q, k [Hv, P, DK], v [Hv, P, DV], g, beta [Hv, P]
         fp32 by their strides; rows past P read as zero (no delta, no
         decay). Writes kc, qg, kd [Hv, N, C, DK], w [Hv, N, C, DV], p [Hv, N, C, C], dec [Hv, N]."""
@@ -49,15 +51,30 @@ if triton is not None:
         decay = tl.where(lower, tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0)), 0.0)
         kk = tl.dot(k, tl.trans(k), input_precision=PREC)
         a = tl.where(rc[:, None] > rc[None, :], beta[:, None] * decay * kk, 0.0)   # strictly lower
+        base = (h * N + i).to(tl.int64)
         # (I + A)^-1 row by row: T[t] = e_t - sum_{s<t} A[t, s] T[s]
-        t_inv = tl.where(rc[:, None] == rc[None, :], 1.0, 0.0)
-        for t in range(1, C):
-            a_t = tl.sum(tl.where(rc[:, None] == t, a, 0.0), 0)                     # A[t, :] [C]
-            contrib = tl.sum(a_t[:, None] * t_inv, 0)                                # [C]
-            t_inv = tl.where(rc[:, None] == t, t_inv - contrib[None, :], t_inv)
+        eye = tl.where(rc[:, None] == rc[None, :], 1.0, 0.0)
+        if SCRATCH:
+            # A through p's block (p overwrites it below), a row at a time; T held transposed,
+            # tt[j, s] = T[s, j], so each step sums along a row of the tile, not across warps
+            pa = p_ptr + base * C * C
+            tl.store(pa + rc[:, None] * C + rc[None, :], a)
+            tl.debug_barrier()
+            tt = eye
+            for t in range(1, C):
+                a_t = tl.load(pa + t * C + rc)                                       # A[t, :] [C]
+                contrib = tl.sum(tt * a_t[None, :], 1)                               # [C]
+                tt = tl.where(rc[None, :] == t, tt - contrib[:, None], tt)
+            tl.debug_barrier()
+            t_inv = tl.trans(tt)
+        else:
+            t_inv = eye
+            for t in range(1, C):
+                a_t = tl.sum(tl.where(rc[:, None] == t, a, 0.0), 0)                 # A[t, :] [C]
+                contrib = tl.sum(a_t[:, None] * t_inv, 0)                            # [C]
+                t_inv = tl.where(rc[:, None] == t, t_inv - contrib[None, :], t_inv)
         last = tl.sum(tl.where(rc == C - 1, cum, 0.0), 0)                            # G_C
         eg = tl.exp(cum)
-        base = (h * N + i).to(tl.int64)
         kc = tl.dot(t_inv, (beta * eg)[:, None] * k, input_precision=PREC)
         tl.store(kc_ptr + base * C * DK + rc[:, None] * DK + rk[None, :], kc)
         tl.store(kd_ptr + base * C * DK + rc[:, None] * DK + rk[None, :], tl.exp(last - cum)[:, None] * k)
@@ -78,9 +95,10 @@ def usable(q: torch.Tensor, v: torch.Tensor, c: int) -> bool:
             and pow2)
 
 
-def chunk_parts(q, k, v, g, beta, c: int):
+def chunk_parts(q, k, v, g, beta, c: int, scratch: bool | None = None):
     """chunk_delta.chunk_parts's inputs (q, k [Hv, P, dk], v [Hv, P, dv], g, beta [Hv, P] fp32, any
-    strides: the model's v has its rows, not its columns, adjacent) and results (kc, w, qg, p, kd [Hv, N, c, *] and dec [Hv, N]), one launch."""
+    strides: the model's v has its rows, not its columns, adjacent) and results (kc, w, qg, p, kd
+    [Hv, N, c, *] and dec [Hv, N]), in one launch; scratch: SCRATCH's choice for this call."""
     hv, rows, dk = q.shape
     dv = v.shape[-1]
     n = -(-rows // c)
@@ -91,6 +109,7 @@ def chunk_parts(q, k, v, g, beta, c: int):
     dec = torch.empty(hv, n, dtype=torch.float32, device=dev)
     if g.stride() != beta.stride():      # the kernel reads both by g's strides
         g, beta = g.contiguous(), beta.contiguous()
-    _parts[(hv, n)](q, k, v, g, beta, *q.stride(), *k.stride(), *v.stride(), g.stride(0), g.stride(1), kc, w, qg, p, kd, dec, rows, n, C=c, DK=dk, DV=dv, PREC=PREC,
-                    num_warps=WARPS)
+    _parts[(hv, n)](q, k, v, g, beta, *q.stride(), *k.stride(), *v.stride(), g.stride(0), g.stride(1),
+                    kc, w, qg, p, kd, dec, rows, n, C=c, DK=dk, DV=dv, PREC=PREC,
+                    SCRATCH=SCRATCH if scratch is None else scratch, num_warps=WARPS)
     return kc, w, qg, p, kd, dec
