@@ -127,6 +127,7 @@ def main() -> int:
                          mine[1] and ContinuationGraphs(m, mine[1].min_rows, capture_after=cap))
         return own[rows]
 
+    parts_default = chunk_parts_cuda.enabled
     prefix = [(i * 104729 + 7) % (eng.args.vocab_size - 1) + 1 for i in range(a.after)]
     for prompt in _prompts(eng, a, sizes):
         raw = {k: [] for k in arms}
@@ -148,7 +149,7 @@ def main() -> int:
                 t = time.perf_counter()
                 eng.generate(prefix + prompt, settings, decoder=dec, reuse=len(prefix))
                 chunk_delta.enabled, chunk_delta.CUDA_FROM = True, cuda_from
-                chunk_parts_cuda.enabled = True
+                chunk_parts_cuda.enabled = parts_default
                 m.prompt_graphs, m.prompt_pieces = mine
                 if r >= 0:
                     raw[name].append(len(prompt) / (time.perf_counter() - t))

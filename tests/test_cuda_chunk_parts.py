@@ -64,25 +64,54 @@ def test_chunk_parts_in_one_launch_match_the_torch_parts(rows, correlated, scrat
 
 
 def test_the_rule_with_fused_parts_follows_the_rows():
-    """The whole chunked rule with the fused parts (the default on CUDA) against the same rule with
+    """The whole chunked rule with the fused parts against the same rule with
     the torch parts, outputs and final state, and a 300-row prompt cut in two (the state carried
     from the first part) against it in one."""
     q, k, v, g, beta = _inputs(300, False, seed=1)
     s0 = torch.randn(HV, DK, DV, device="cuda") * 0.05
     outs = {}
-    for fused in (True, False):
-        chunk_parts_cuda.enabled = fused
-        try:
+    default = chunk_parts_cuda.enabled
+    try:
+        for fused in (True, False):
+            chunk_parts_cuda.enabled = fused
             st = s0.clone()
             outs[fused] = (chunk_delta.delta_rule_prepared(q, k, v, g, beta, st), st)
-        finally:
-            chunk_parts_cuda.enabled = True
+        chunk_parts_cuda.enabled = True
+        st = s0.clone()
+        first = chunk_delta.delta_rule_prepared(q[:, :130], k[:, :130], v[:, :130], g[:, :130], beta[:, :130], st)
+        second = chunk_delta.delta_rule_prepared(q[:, 130:], k[:, 130:], v[:, 130:], g[:, 130:], beta[:, 130:], st)
+    finally:
+        chunk_parts_cuda.enabled = default
     rel = [((a - b).norm() / b.norm()).item() for a, b in zip(outs[True], outs[False])]
-    st = s0.clone()
-    first = chunk_delta.delta_rule_prepared(q[:, :130], k[:, :130], v[:, :130], g[:, :130], beta[:, :130], st)
-    second = chunk_delta.delta_rule_prepared(q[:, 130:], k[:, 130:], v[:, 130:], g[:, 130:], beta[:, 130:], st)
     split = torch.cat([first, second])
     rel += [((split - outs[True][0]).norm() / outs[True][0].norm()).item(),
             ((st - outs[True][1]).norm() / outs[True][1].norm()).item()]
     print("fused/torch out, state; split/whole out, state:", rel)
     assert max(rel) < 1e-5, rel
+
+
+def test_the_forward_reaches_the_fused_parts(monkeypatch):
+    """A batched prefill of the bundled model in chunks calls the one launch once a DeltaNet layer when it
+    is on (the model's v is strided: a check on the layout once kept the forward from it), and its first
+    token is the one the torch parts give."""
+    from verispec.config import DraftSettings, RunSettings, default_model_dir
+    from verispec.engine import load_engine
+
+    eng = load_engine(default_model_dir(), device="cuda")
+    monkeypatch.setattr(chunk_delta, "CUDA_FROM", 0)
+    # eager both times: a bucket's capture on its second use would run the forward more than once
+    monkeypatch.setattr(eng.model, "prompt_graphs", None)
+    monkeypatch.setattr(eng.model, "prompt_pieces", None)
+    settings = RunSettings(max_tokens=1, prefill_batch=True, drafts=DraftSettings(lookup=False, mtp="off"))
+    prompt = list(range(5, 305))
+    calls = []
+    real = chunk_parts_cuda.chunk_parts
+    monkeypatch.setattr(chunk_parts_cuda, "chunk_parts", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    monkeypatch.setattr(chunk_parts_cuda, "enabled", False)
+    torch_ids = eng.generate(prompt, settings).ids
+    assert calls == []
+    monkeypatch.setattr(chunk_parts_cuda, "enabled", True)
+    fused_ids = eng.generate(prompt, settings).ids
+    deltanet_layers = eng.args.layer_types.count("linear_attention")
+    assert deltanet_layers > 0 and len(calls) == deltanet_layers, calls
+    assert fused_ids == torch_ids

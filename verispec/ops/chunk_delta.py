@@ -138,7 +138,7 @@ def delta_rule_prepared(q, k, v, g, beta, state, c: int = CHUNK, use_triton: boo
     rows = q.shape[1]
     if use_triton is None:
         use_triton = usable(state, q.shape[-1], v.shape[-1])
-    fused = use_triton and chunk_parts_cuda.usable(q, v, c)
+    fused = use_triton and chunk_parts_cuda.enabled and chunk_parts_cuda.usable(q, v, c)
     parts = (chunk_parts_cuda.chunk_parts if fused else chunk_parts)(q, k, v, g, beta, c)
     out = (chain_triton if use_triton else chain_torch)(*parts, state)
     return out.reshape(out.shape[0], -1, out.shape[-1])[:, :rows].transpose(0, 1)

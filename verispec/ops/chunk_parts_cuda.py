@@ -23,7 +23,10 @@ try:
 except ImportError:  # pragma: no cover - the CPU machine has no triton
     triton = None
 
-enabled = True     # bench/prefill_rows.py's `batched_chunks_torch` arms switch it off to time the torch parts
+# Off until a run on a GPU shows the forward taking it (device calls 184-185 ran an earlier version that the
+# model's strided v never reached; docs/cuda.md "The chunks' parts in one launch"). bench/prefill_rows.py's
+# arms set it either way.
+enabled = False
 PREC, WARPS = "tf32x3", 8
 SCRATCH = True     # the triangular solve reads A back a row at a time (False: from registers, by a masked sum)
 
@@ -89,9 +92,9 @@ if triton is not None:
 
 
 def usable(q: torch.Tensor, v: torch.Tensor, c: int) -> bool:
-    """On: CUDA, fp32, power-of-two widths of 16 to 128 and chunk."""
+    """The kernel takes these: CUDA, fp32, power-of-two widths of 16 to 128 and chunk."""
     pow2 = all(16 <= n <= 128 and n & (n - 1) == 0 for n in (q.shape[-1], v.shape[-1], c))
-    return (enabled and triton is not None and q.is_cuda and q.dtype == v.dtype == torch.float32
+    return (triton is not None and q.is_cuda and q.dtype == v.dtype == torch.float32
             and pow2)
 
 
