@@ -5,7 +5,7 @@ to an fp64 torch chain.
 
     python3 bench/chunk_delta_probe.py [--tokens 4096] [--rounds 5] [--only "tf32x3 bv32"]
 
-The `parts torch` and `parts triton scratch|regs` arms time the chunks' state-free parts instead
+The `parts torch` and `parts triton` arms time the chunks' state-free parts instead
 (chunk_delta.chunk_parts against verispec/ops/chunk_parts_cuda.py's one launch; --only parts), on the
 GPU (CUDA events) and on the host's clock (a synchronize after each, launch costs included), each
 part's error against the fp64 parts.
@@ -98,10 +98,7 @@ def main() -> int:
     vm = v.permute(0, 2, 1).contiguous().permute(0, 2, 1)
     ref_parts = list(chunk_delta.chunk_parts(*(t.double() for t in (q, k, vm, gg, beta))))
     parts_arms = {"parts torch": lambda: chunk_delta.chunk_parts(q, k, vm, gg, beta),
-                  "parts triton scratch": lambda: chunk_parts_cuda.chunk_parts(q, k, vm, gg, beta, chunk_delta.CHUNK,
-                                                                               scratch=True),
-                  "parts triton regs": lambda: chunk_parts_cuda.chunk_parts(q, k, vm, gg, beta, chunk_delta.CHUNK,
-                                                                            scratch=False)}
+                  "parts triton": lambda: chunk_parts_cuda.chunk_parts(q, k, vm, gg, beta, chunk_delta.CHUNK)}
     for name in list(parts_arms):
         if a.only in name + " graphed":
             parts_arms[name + " graphed"] = _graphed(parts_arms[name])

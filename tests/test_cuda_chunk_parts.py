@@ -40,24 +40,22 @@ def _rel(a, b):
     return ((a.double() - b).norm() / b.norm()).item()
 
 
-@pytest.mark.parametrize("scratch", [True, False])
 @pytest.mark.parametrize("rows,correlated", [(300, False), (64, False), (1100, False), (300, True)])
-def test_chunk_parts_in_one_launch_match_the_torch_parts(rows, correlated, scratch):
+def test_chunk_parts_in_one_launch_match_the_torch_parts(rows, correlated):
     """Each of the six parts is as close to the fp64 parts as the fp32 torch parts are (within 4x
-    and 1e-6), and two launches give the same bits; both ways of the triangular solve
-    (chunk_parts_cuda.SCRATCH)."""
+    and 1e-6), and two launches give the same bits."""
     x = _inputs(rows, correlated)
     assert x[2].stride(1) == 1 and x[2].stride(2) == rows     # v as the model hands it on
     assert chunk_parts_cuda.usable(x[0], x[2], chunk_delta.CHUNK)
     ref = [t.clone() for t in chunk_delta.chunk_parts(*(t.double() for t in x))]
     mine = chunk_delta.chunk_parts(*x)
-    got = chunk_parts_cuda.chunk_parts(*x, chunk_delta.CHUNK, scratch=scratch)
-    again = chunk_parts_cuda.chunk_parts(*x, chunk_delta.CHUNK, scratch=scratch)
+    got = chunk_parts_cuda.chunk_parts(*x, chunk_delta.CHUNK)
+    again = chunk_parts_cuda.chunk_parts(*x, chunk_delta.CHUNK)
     errs = {}
     for name, g, m, r in zip(NAMES, got, mine, ref):
         assert g.shape == r.shape and g.dtype == torch.float32, name
         errs[name] = (_rel(g, r), _rel(m, r))
-    print(f"rows {rows} correlated {correlated} scratch {scratch}: (one launch, torch) relative to fp64:", errs)
+    print(f"rows {rows} correlated {correlated}: (one launch, torch) relative to fp64:", errs)
     for name, (e_got, e_torch) in errs.items():
         assert e_got <= max(4 * e_torch, 1e-6), (name, e_got, e_torch)
     assert all(torch.equal(a, b) for a, b in zip(got, again))

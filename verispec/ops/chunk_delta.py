@@ -35,9 +35,10 @@ except ImportError:  # pragma: no cover - the CPU machine has no triton
 
 enabled = True     # benchmarks switch it off to time the row-by-row recurrence in its place
 CHUNK = 64
-CUDA_FROM = 1024   # on CUDA, prompts of fewer rows take delta_steps (one launch; the chunks' ~45 torch ops
-                   # a layer cost more there): 512 rows 7722 / 5505 tok/s, 1024 rows 9846 / 11073 (rows /
-                   # chunks, device call 161; docs/cuda.md "Prompts on CUDA")
+CUDA_FROM = 1024   # on CUDA, prompts of fewer rows take delta_steps (one launch): at 512 rows the chunks lose
+                   # eager (a bucket's first run, every `verispec run` prompt) 6332 / 7059 tok/s and win graphed
+                   # 9255 / 7552 (chunks / rows, H100, device call 189; docs/cuda.md "The chunks' parts in one
+                   # launch"), and one threshold serves both (a prompt's bits must not depend on the captures)
 BV, PREC, WARPS = 32, "tf32x3", 4   # the Triton chain: value columns a program, tl.dot's precision, warps
 
 if triton is not None:

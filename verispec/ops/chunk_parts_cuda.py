@@ -1,16 +1,16 @@
 """The state-free parts of every chunk (chunk_delta.chunk_parts) in one Triton launch.
 
-chunk_parts runs ~45 torch operations a DeltaNet layer (pads, cumsums, masks, two products, a
-batched triangular solve, the scalings). Graphed that costs little, but a prompt's first run of a
-bucket and every prompt of `verispec run` is eager, and eager the chunked forward ran 1.3-2.0x slower
-than graphed on the H100 (device call 177: 4167 against 8346 tok/s at 512 rows, 8699 against 11523 at
-1024), where the row-by-row forward lost 1.09x (6891 against 7513 at 512).
-Here one program takes one (value head, chunk) and writes the same six tensors. Its own order of
-sums: the triangular solve is a forward substitution on (I + A)^-1 row by row in fp32, then
-(I + A)^-1 times the right-hand sides by tl.dot in tf32x3 (three TF32 products, fp32-close, as the
-chain of chunks); so the bits differ from the torch parts (within fp32 rounding:
-tests/test_cuda.py's test_chunked_delta_rule_on_the_gpu) but not from one run to the next.
-Prefill only, as the chunks are.
+chunk_parts is ~45 torch operations a DeltaNet layer (pads, cumsums, masks, two products, a batched
+triangular solve, the scalings). Here one program takes one (value head, chunk) and writes the same
+six tensors: at 1024 rows and the 35B-A3B widths 0.303 ms a layer against the torch parts' 0.556 ms,
+graphed, and the prompt's forward 1.12x faster graphed at 1024 rows and 1.14-1.15x at 2048, graphed
+or eager (H100, device call 189; docs/cuda.md "The chunks' parts in one launch").
+
+Its own order of sums: the triangular solve is a forward substitution for (I + A)^-1 row by row in
+fp32, then (I + A)^-1 times the right-hand sides by tl.dot in tf32x3 (three TF32 products,
+fp32-close, as the chain of chunks does); so the bits differ from the torch parts' (each part as
+close to fp64 as theirs within 2x: tests/test_cuda_chunk_parts.py) but not from one run to the
+next. Prefill only, as the chunks are.
 """
 
 from __future__ import annotations
@@ -23,19 +23,14 @@ try:
 except ImportError:  # pragma: no cover - the CPU machine has no triton
     triton = None
 
-# Off until a run on a GPU shows the forward taking it (device calls 184-185 ran an earlier version that the
-# model's strided v never reached; docs/cuda.md "The chunks' parts in one launch"). bench/prefill_rows.py's
-# arms set it either way.
-enabled = False
+enabled = True     # bench/prefill_rows.py's `_torch` arms switch it off to time the torch parts
 PREC, WARPS = "tf32x3", 8
-SCRATCH = True     # the triangular solve reads A back a row at a time (False: from registers, by a masked sum)
 
 if triton is not None:
     @triton.jit
     def _parts(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, sqh, sqp, sqd, skh, skp, skd, svh, svp, svd, sgh, sgp,
                kc_ptr, w_ptr, qg_ptr, p_ptr, kd_ptr, dec_ptr, P, N,
-               C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PREC: tl.constexpr,
-               SCRATCH: tl.constexpr):
+               C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PREC: tl.constexpr):
         """Program (h, i): value head h's chunk i. q, k [Hv, P, DK], v [Hv, P, DV], g, beta [Hv, P]
         fp32 by their strides; rows past P read as zero (no delta, no
         decay). Writes kc, qg, kd [Hv, N, C, DK], w [Hv, N, C, DV], p [Hv, N, C, C], dec [Hv, N]."""
@@ -55,27 +50,20 @@ if triton is not None:
         kk = tl.dot(k, tl.trans(k), input_precision=PREC)
         a = tl.where(rc[:, None] > rc[None, :], beta[:, None] * decay * kk, 0.0)   # strictly lower
         base = (h * N + i).to(tl.int64)
-        # (I + A)^-1 row by row: T[t] = e_t - sum_{s<t} A[t, s] T[s]
-        eye = tl.where(rc[:, None] == rc[None, :], 1.0, 0.0)
-        if SCRATCH:
-            # A through p's block (p overwrites it below), a row at a time; T held transposed,
-            # tt[j, s] = T[s, j], so each step sums along a row of the tile, not across warps
-            pa = p_ptr + base * C * C
-            tl.store(pa + rc[:, None] * C + rc[None, :], a)
-            tl.debug_barrier()
-            tt = eye
-            for t in range(1, C):
-                a_t = tl.load(pa + t * C + rc)                                       # A[t, :] [C]
-                contrib = tl.sum(tt * a_t[None, :], 1)                               # [C]
-                tt = tl.where(rc[None, :] == t, tt - contrib[:, None], tt)
-            tl.debug_barrier()
-            t_inv = tl.trans(tt)
-        else:
-            t_inv = eye
-            for t in range(1, C):
-                a_t = tl.sum(tl.where(rc[:, None] == t, a, 0.0), 0)                 # A[t, :] [C]
-                contrib = tl.sum(a_t[:, None] * t_inv, 0)                            # [C]
-                t_inv = tl.where(rc[:, None] == t, t_inv - contrib[None, :], t_inv)
+        # (I + A)^-1 row by row, T[t] = e_t - sum_{s<t} A[t, s] T[s]: A through p's block (p overwrites it
+        # below), read back a row at a time; T held transposed, tt[j, s] = T[s, j], so each step sums along
+        # a row of the tile rather than across warps (as fast as the masked sums over registers that it
+        # replaced, device call 189, and closer to fp64 in the correlated case)
+        pa = p_ptr + base * C * C
+        tl.store(pa + rc[:, None] * C + rc[None, :], a)
+        tl.debug_barrier()
+        tt = tl.where(rc[:, None] == rc[None, :], 1.0, 0.0)
+        for t in range(1, C):
+            a_t = tl.load(pa + t * C + rc)                                           # A[t, :] [C]
+            contrib = tl.sum(tt * a_t[None, :], 1)                                   # [C]
+            tt = tl.where(rc[None, :] == t, tt - contrib[:, None], tt)
+        tl.debug_barrier()
+        t_inv = tl.trans(tt)
         last = tl.sum(tl.where(rc == C - 1, cum, 0.0), 0)                            # G_C
         eg = tl.exp(cum)
         kc = tl.dot(t_inv, (beta * eg)[:, None] * k, input_precision=PREC)
@@ -98,10 +86,10 @@ def usable(q: torch.Tensor, v: torch.Tensor, c: int) -> bool:
             and pow2)
 
 
-def chunk_parts(q, k, v, g, beta, c: int, scratch: bool | None = None):
+def chunk_parts(q, k, v, g, beta, c: int):
     """chunk_delta.chunk_parts's inputs (q, k [Hv, P, dk], v [Hv, P, dv], g, beta [Hv, P] fp32, any
     strides: the model's v has its rows, not its columns, adjacent) and results (kc, w, qg, p, kd
-    [Hv, N, c, *] and dec [Hv, N]), in one launch; scratch: SCRATCH's choice for this call."""
+    [Hv, N, c, *] and dec [Hv, N]), in one launch."""
     hv, rows, dk = q.shape
     dv = v.shape[-1]
     n = -(-rows // c)
@@ -114,5 +102,5 @@ def chunk_parts(q, k, v, g, beta, c: int, scratch: bool | None = None):
         g, beta = g.contiguous(), beta.contiguous()
     _parts[(hv, n)](q, k, v, g, beta, *q.stride(), *k.stride(), *v.stride(), g.stride(0), g.stride(1),
                     kc, w, qg, p, kd, dec, rows, n, C=c, DK=dk, DV=dv, PREC=PREC,
-                    SCRATCH=SCRATCH if scratch is None else scratch, num_warps=WARPS)
+                    num_warps=WARPS)
     return kc, w, qg, p, kd, dec
