@@ -204,3 +204,26 @@ def test_build_cache_key_and_atomic_name(tmp_path, monkeypatch):
     b = _build.build(src)
     assert b.path != a.path  # an edit rebuilds under a new name
     assert not list((tmp_path / "verispec").glob("*.tmp"))
+
+
+def test_loading_a_cpu_engine_builds_the_row_kernel(tmp_path):
+    """The row kernel compiles while a CPU engine loads, not inside the first prompt's timed prefill
+    (a fresh process with an empty build cache: the shared object is there before anything is generated)."""
+    import subprocess
+    import sys
+
+    if _build.find_compiler() is None:
+        pytest.skip("no C compiler: the torch path needs no build")
+    code = ("import sys\n"
+            "from pathlib import Path\n"
+            "from verispec.config import default_model_dir\n"
+            "from verispec.engine import load_engine\n"
+            "before = list(Path(sys.argv[1]).rglob('rowgemv-*.so'))\n"
+            "load_engine(default_model_dir(), device='cpu')\n"
+            "after = list(Path(sys.argv[1]).rglob('rowgemv-*.so'))\n"
+            "print(len(before), len(after))\n")
+    env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "1"], out.stdout

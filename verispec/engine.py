@@ -19,6 +19,7 @@ from .errors import UsageError, VerispecError
 from .execution import Execution
 from .models import Model, ModelArgs
 from .models.mtp import MTPHead
+from .ops import linear
 from .sampling import pick
 from .tokenizer import Tokenizer
 from .weights import Checkpoint, load_checkpoint
@@ -61,6 +62,10 @@ class Engine:
         self.execution = execution
         self.args = ModelArgs.from_dict(ck.config)
         self.model = Model(self.args, ck.tensors, self.execution)
+        if not execution.is_cuda:
+            # the CPU's row kernel compiles on first use (once a machine, then cached): here, with the
+            # loading, rather than inside the first prompt's timed prefill (which it made ~0.8 s slower)
+            linear.backend()
         self.has_mtp = ck.has_mtp
         self._mtp_tensors = ck.mtp
         self._heads: dict[str, MTPHead] = {}
