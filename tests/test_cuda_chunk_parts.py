@@ -61,10 +61,10 @@ def test_chunk_parts_in_one_launch_match_the_torch_parts(rows, correlated):
     assert all(torch.equal(a, b) for a, b in zip(got, again))
 
 
-def test_the_rule_with_fused_parts_follows_the_rows():
-    """The whole chunked rule with the fused parts against the same rule with
-    the torch parts, outputs and final state, and a 300-row prompt cut in two (the state carried
-    from the first part) against it in one."""
+def test_the_rule_with_fused_parts_follows_the_torch_parts():
+    """The whole chunked rule with the fused parts against the same rule with the torch parts, outputs
+    and final state, and a 300-row prompt cut in two (the state carried from the first part) against it
+    in one."""
     q, k, v, g, beta = _inputs(300, False, seed=1)
     s0 = torch.randn(HV, DK, DV, device="cuda") * 0.05
     outs = {}

@@ -209,6 +209,7 @@ def test_build_cache_key_and_atomic_name(tmp_path, monkeypatch):
 def test_loading_a_cpu_engine_builds_the_row_kernel(tmp_path):
     """The row kernel compiles while a CPU engine loads, not inside the first prompt's timed prefill
     (a fresh process with an empty build cache: the shared object is there before anything is generated)."""
+    import os
     import subprocess
     import sys
 
@@ -222,7 +223,7 @@ def test_loading_a_cpu_engine_builds_the_row_kernel(tmp_path):
             "load_engine(default_model_dir(), device='cpu')\n"
             "after = list(Path(sys.argv[1]).rglob('rowgemv-*.so'))\n"
             "print(len(before), len(after))\n")
-    env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path)}
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr

@@ -32,8 +32,8 @@ if triton is not None:
                kc_ptr, w_ptr, qg_ptr, p_ptr, kd_ptr, dec_ptr, P, N,
                C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PREC: tl.constexpr):
         """Program (h, i): value head h's chunk i. q, k [Hv, P, DK], v [Hv, P, DV], g, beta [Hv, P]
-        fp32 by their strides; rows past P read as zero (no delta, no
-        decay). Writes kc, qg, kd [Hv, N, C, DK], w [Hv, N, C, DV], p [Hv, N, C, C], dec [Hv, N]."""
+        fp32 by their strides; rows past P read as zero (no delta, no decay). Writes kc, qg, kd
+        [Hv, N, C, DK], w [Hv, N, C, DV], p [Hv, N, C, C], dec [Hv, N]."""
         h = tl.program_id(0).to(tl.int64)
         i = tl.program_id(1)
         rc = tl.arange(0, C)
@@ -82,8 +82,7 @@ if triton is not None:
 def usable(q: torch.Tensor, v: torch.Tensor, c: int) -> bool:
     """The kernel takes these: CUDA, fp32, power-of-two widths of 16 to 128 and chunk."""
     pow2 = all(16 <= n <= 128 and n & (n - 1) == 0 for n in (q.shape[-1], v.shape[-1], c))
-    return (triton is not None and q.is_cuda and q.dtype == v.dtype == torch.float32
-            and pow2)
+    return triton is not None and q.is_cuda and q.dtype == v.dtype == torch.float32 and pow2
 
 
 def chunk_parts(q, k, v, g, beta, c: int):
