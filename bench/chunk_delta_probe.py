@@ -63,8 +63,11 @@ def main() -> int:
     beta = torch.rand(hv, a.tokens, device="cuda", generator=g)
     s0 = torch.randn(hv, dk, dv, device="cuda", generator=g) * 0.05
     parts = list(chunk_delta.chunk_parts(q, k, v, gg, beta))
-    ref = chunk_delta.chain_torch(*[t.double() for t in parts], s0.double().clone())
-    arms = {"torch": lambda st: chunk_delta.chain_torch(*parts, st)}
+    def rows_first(o):     # chain_torch's [Hv, N, C, dv] as chain_triton writes it: [P, Hv, dv]
+        return o.reshape(hv, -1, dv)[:, :a.tokens].transpose(0, 1)
+
+    ref = rows_first(chunk_delta.chain_torch(*[t.double() for t in parts], s0.double().clone()))
+    arms = {"torch": lambda st: rows_first(chunk_delta.chain_torch(*parts, st))}
     for prec in ("tf32", "tf32x3", "ieee"):
         for bv in (16, 32, 64):
             for warps in (4, 8):

@@ -48,6 +48,27 @@ def _prompts(eng, a, sizes: list[int]) -> list[list[int]]:
     return [ids[:n] for n in sizes]
 
 
+VARIANTS = {"_torch": "the chunks' parts in torch",
+            "_split": "the chunks' parts in one launch, their inputs made ready by torch operations"}
+
+
+def _variants(batched) -> dict:
+    """The arms that run the chunks' parts another way: batched[_eager|_chunks|_chunks_eager] + a VARIANTS suffix."""
+    bases = {"batched": ("batched", "default"), "batched_eager": ("batched, prompt graphs never captured", "eager"),
+             "batched_chunks": ("batched, the recurrence in chunks at any length", "chunks"),
+             "batched_chunks_eager": ("batched, the recurrence in chunks at any length, prompt graphs never captured",
+                                      "chunks_eager")}
+    return {arm + suf: (f"{text}, {how}", (batched, rows + suf))
+            for arm, (text, rows) in bases.items() for suf, how in VARIANTS.items()}
+
+
+def _base(rows: str) -> str:
+    """An arm's recurrence without its VARIANTS suffix."""
+    for suf in VARIANTS:
+        rows = rows.removesuffix(suf)
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", default="480", help="prompt length, or several comma-separated (one model load)")
@@ -65,8 +86,10 @@ def main() -> int:
                         "never captured), batched_torch, batched_eager_torch, batched_chunks_torch and "
                         "batched_chunks_eager_torch (those four with the "
                         "chunks' state-free parts as torch operations, not one Triton launch: "
-                        "verispec/ops/chunk_parts_cuda.py) to run, comma-separated; batched_rows and batched_chunks "
-                        "hold prompt graphs of their own")
+                        "verispec/ops/chunk_parts_cuda.py), batched_split, batched_eager_split, batched_chunks_split "
+                        "and batched_chunks_eager_split (the one launch, its inputs made ready by torch operations "
+                        "rather than inside it: chunk_parts_cuda.raw off) to run, comma-separated; every arm but "
+                        "batched holds prompt graphs of its own")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefill_rows.json"))
     a = p.parse_args()
     exact = RunSettings(max_tokens=1, prefill_batch=False, drafts=DraftSettings(lookup=False, mtp="off"))
@@ -79,13 +102,7 @@ def main() -> int:
              "batched_chunks": ("batched, the recurrence in chunks at any length", (batched, "chunks")),
              "batched_chunks_eager": ("batched, the recurrence in chunks at any length, prompt graphs never captured",
                                       (batched, "chunks_eager")),
-             "batched_torch": ("batched, the chunks' parts in torch", (batched, "default_torch")),
-             "batched_eager_torch": ("batched, prompt graphs never captured, the chunks' parts in torch",
-                                     (batched, "eager_torch")),
-             "batched_chunks_torch": ("batched, the recurrence in chunks at any length, the chunks' parts in torch",
-                                      (batched, "chunks_torch")),
-             "batched_chunks_eager_torch": ("batched, the recurrence in chunks at any length, prompt graphs never "
-                                            "captured, the chunks' parts in torch", (batched, "chunks_eager_torch"))}
+             **_variants(batched)}
     asked = a.arms.split(",")
     if any(k not in every for k in asked):
         p.error(f"--arms: a comma-separated choice of {', '.join(every)}, got {a.arms!r}")
@@ -113,9 +130,9 @@ def main() -> int:
 
     def graphs_for(rows):
         """The prompt graphs an arm runs with: the model's own, none, or a pair of its own (never
-        captured for "eager"; for "rows", "chunks" and the "_torch" arms, whose buckets must not
+        captured for "eager"; for "rows", "chunks" and the VARIANTS arms, whose buckets must not
         replay another arm's captures of another recurrence or other parts)."""
-        base = rows.removesuffix("_torch")
+        base = _base(rows)
         if base == "unpadded" or mine[0] is None:
             return None, None
         if rows not in ("eager", "rows", "chunks", "chunks_eager") and rows == base:
@@ -127,7 +144,7 @@ def main() -> int:
                          mine[1] and ContinuationGraphs(m, mine[1].min_rows, capture_after=cap))
         return own[rows]
 
-    parts_default = chunk_parts_cuda.enabled
+    parts_default = chunk_parts_cuda.enabled, chunk_parts_cuda.raw
     prefix = [(i * 104729 + 7) % (eng.args.vocab_size - 1) + 1 for i in range(a.after)]
     for prompt in _prompts(eng, a, sizes):
         raw = {k: [] for k in arms}
@@ -135,7 +152,7 @@ def main() -> int:
         # captured on its second use)
         for r in range(-2, a.rounds):
             for name, (settings, rows) in arms.items():
-                base = rows.removesuffix("_torch") if isinstance(rows, str) else rows
+                base = _base(rows) if isinstance(rows, str) else rows
                 dec = eng.new_decoder(settings, prefix + prompt)
                 if prefix:
                     dec.prefill(prefix)
@@ -145,11 +162,12 @@ def main() -> int:
                 if base in ("chunks", "chunks_eager"):
                     chunk_delta.CUDA_FROM = 0
                 m.prompt_graphs, m.prompt_pieces = graphs_for(rows) if isinstance(rows, str) else mine
-                chunk_parts_cuda.enabled = base == rows
+                chunk_parts_cuda.enabled = not (isinstance(rows, str) and rows.endswith("_torch"))
+                chunk_parts_cuda.raw = not (isinstance(rows, str) and rows.endswith(("_torch", "_split")))
                 t = time.perf_counter()
                 eng.generate(prefix + prompt, settings, decoder=dec, reuse=len(prefix))
                 chunk_delta.enabled, chunk_delta.CUDA_FROM = True, cuda_from
-                chunk_parts_cuda.enabled = parts_default
+                chunk_parts_cuda.enabled, chunk_parts_cuda.raw = parts_default
                 m.prompt_graphs, m.prompt_pieces = mine
                 if r >= 0:
                     raw[name].append(len(prompt) / (time.perf_counter() - t))

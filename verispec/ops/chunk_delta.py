@@ -43,10 +43,12 @@ BV, PREC, WARPS = 32, "tf32x3", 4   # the Triton chain: value columns a program,
 
 if triton is not None:
     @triton.jit
-    def _chunk_chain(kc_ptr, w_ptr, qg_ptr, p_ptr, kd_ptr, dec_ptr, s_ptr, o_ptr, N,
-                     C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    def _chunk_chain(kc_ptr, w_ptr, qg_ptr, p_ptr, kd_ptr, dec_ptr, s_ptr, o_ptr, N, P,
+                     C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                     HV: tl.constexpr):
         """One value head's columns vb*BV.. through its N chunks in order. Inputs [HV, N, C, *]
-        contiguous fp32; s [HV, DK, DV] fp32 in place; o [HV, N, C, DV] fp32."""
+        contiguous fp32; s [HV, DK, DV] fp32 in place; o [P, HV, DV] in its own dtype (rows past P
+        are not written)."""
         h = tl.program_id(0)
         vb = tl.program_id(1)
         rc = tl.arange(0, C)
@@ -63,7 +65,9 @@ if triton is not None:
             dec = tl.load(dec_ptr + base)
             u = w - tl.dot(kc, st, input_precision=PREC)
             o = tl.dot(qg, st, input_precision=PREC) + tl.dot(p, u, input_precision=PREC)
-            tl.store(o_ptr + base * C * DV + rc[:, None] * DV + rv[None, :], o)
+            rows = i * C + rc
+            tl.store(o_ptr + (rows[:, None].to(tl.int64) * HV + h) * DV + rv[None, :],
+                     o.to(o_ptr.dtype.element_ty), mask=rows[:, None] < P)
             st = dec * st + tl.dot(tl.trans(kd), u, input_precision=PREC)
         tl.store(s_ptr + h * DK * DV + rk[:, None] * DV + rv[None, :], st)
 
@@ -110,13 +114,17 @@ def chain_torch(kc, w, qg, p, kd, dec, state):
     return out
 
 
-def chain_triton(kc, w, qg, p, kd, dec, state, bv: int = BV, prec: str = PREC, warps: int = WARPS):
+def chain_triton(kc, w, qg, p, kd, dec, state, bv: int = BV, prec: str = PREC, warps: int = WARPS,
+                 rows: int | None = None, out_dtype: torch.dtype = torch.float32):
+    """chain_torch on CUDA in one launch, its output written as the model takes it: o [rows, Hv, dv] in
+    out_dtype (rows: every chunk's rows unless given)."""
     hv, n, c, dk = kc.shape
     dv = w.shape[-1]
-    out = torch.empty(hv, n, c, dv, dtype=torch.float32, device=w.device)
+    rows = n * c if rows is None else rows
+    out = torch.empty(rows, hv, dv, dtype=out_dtype, device=w.device)
     bv = min(bv, dv)
-    _chunk_chain[(hv, triton.cdiv(dv, bv))](kc, w, qg, p, kd, dec, state, out, n, C=c, DK=dk, DV=dv, BV=bv,
-                                           PREC=prec, num_warps=warps, num_stages=1)   # pipelined: 256 KiB of smem
+    _chunk_chain[(hv, triton.cdiv(dv, bv))](kc, w, qg, p, kd, dec, state, out, n, rows, C=c, DK=dk, DV=dv, BV=bv,
+                                           PREC=prec, HV=hv, num_warps=warps, num_stages=1)   # pipelined: 256 KiB of smem
     return out
 
 
@@ -141,8 +149,25 @@ def delta_rule_prepared(q, k, v, g, beta, state, c: int = CHUNK, use_triton: boo
         use_triton = usable(state, q.shape[-1], v.shape[-1])
     fused = use_triton and chunk_parts_cuda.enabled and chunk_parts_cuda.usable(q, v, c)
     parts = (chunk_parts_cuda.chunk_parts if fused else chunk_parts)(q, k, v, g, beta, c)
-    out = (chain_triton if use_triton else chain_torch)(*parts, state)
+    if use_triton:
+        return chain_triton(*parts, state, rows=rows)
+    out = chain_torch(*parts, state)
     return out.reshape(out.shape[0], -1, out.shape[-1])[:, :rows].transpose(0, 1)
+
+
+def delta_rule_raw(mixed, ba, a_log_exp, dt_bias, state, heads: tuple[int, int, int], c: int = CHUNK,
+                   out_dtype: torch.dtype = torch.float32):
+    """delta_rule from the DeltaNet's conv output mixed [P, q|k|v] and the input product's b|a columns
+    ba [P, 2 Hv] (chunk_parts_cuda.chunk_parts_raw: the preparing in the parts' launch); heads (Hk, dk,
+    dv); state [Hv, dk, dv] fp32 in place -> [P, Hv, dv] in out_dtype (rounded from fp32 in the chain's
+    launch, as .to() would). CUDA only: usable_raw says when."""
+    parts = chunk_parts_cuda.chunk_parts_raw(mixed, ba, a_log_exp, dt_bias, *heads, c)
+    return chain_triton(*parts, state, rows=mixed.shape[0], out_dtype=out_dtype)
+
+
+def usable_raw(mixed: torch.Tensor, state: torch.Tensor, heads: tuple[int, int, int], c: int = CHUNK) -> bool:
+    """Whether delta_rule_raw runs here: the Triton chain and the raw parts both take these."""
+    return usable(state, heads[1], heads[2]) and chunk_parts_cuda.usable_raw(mixed, heads[1], heads[2], c)
 
 
 def delta_rule(q, k, v, g, beta, state, rows_policy=None, c: int = CHUNK, use_triton: bool | None = None):

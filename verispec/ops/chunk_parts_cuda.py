@@ -24,26 +24,42 @@ except ImportError:  # pragma: no cover - the CPU machine has no triton
     triton = None
 
 enabled = True     # bench/prefill_rows.py's `_torch` arms switch it off to time the torch parts
+raw = True         # the parts from the conv's output (chunk_parts_raw); its `_split` arms switch it off
 PREC, WARPS = "tf32x3", 8
 
 if triton is not None:
     @triton.jit
-    def _parts(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, sqh, sqp, sqd, skh, skp, skd, svh, svp, svd, sgh, sgp,
-               kc_ptr, w_ptr, qg_ptr, p_ptr, kd_ptr, dec_ptr, P, N,
-               C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PREC: tl.constexpr):
-        """Program (h, i): value head h's chunk i. q, k [Hv, P, DK], v [Hv, P, DV], g, beta [Hv, P]
-        fp32 by their strides; rows past P read as zero (no delta, no decay). Writes kc, qg, kd
-        [Hv, N, C, DK], w [Hv, N, C, DV], p [Hv, N, C, C], dec [Hv, N]."""
+    def _parts(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, alog_ptr, dtb_ptr, sqh, sqp, sqd, skh, skp, skd, svh, svp, svd,
+               sgh, sgp, sbh, sbp, kc_ptr, w_ptr, qg_ptr, p_ptr, kd_ptr, dec_ptr, P, N,
+               C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PREC: tl.constexpr, REP: tl.constexpr,
+               RAW: tl.constexpr, SCALE: tl.constexpr, EPS: tl.constexpr):
+        """Program (h, i): value head h's chunk i. q, k [Hk, P, DK] (key head h // REP), v [Hv, P, DV],
+        g, beta [Hv, P], by their strides; rows past P read as zero (no delta, no decay). RAW: q, k, v
+        are the conv's outputs (any float dtype), q, k L2-normed here (q scaled by SCALE), g_ptr and
+        b_ptr the input product's a and b columns, turned into g and beta as delta_steps does;
+        else all are fp32 and prepared (deltanet.prepare). Writes kc, qg, kd [Hv, N, C, DK],
+        w [Hv, N, C, DV], p [Hv, N, C, C], dec [Hv, N]."""
         h = tl.program_id(0).to(tl.int64)
+        kh = h // REP
         i = tl.program_id(1)
         rc = tl.arange(0, C)
         rows = i * C + rc
         live = rows < P
         rk = tl.arange(0, DK)
         rv = tl.arange(0, DV)
-        g = tl.load(g_ptr + h * sgh + rows * sgp, mask=live, other=0.0)            # [C]
-        beta = tl.load(b_ptr + h * sgh + rows * sgp, mask=live, other=0.0)
-        k = tl.load(k_ptr + h * skh + rows[:, None] * skp + rk[None, :] * skd, mask=live[:, None], other=0.0)   # [C, DK]
+        if RAW:
+            ar = tl.load(g_ptr + h * sgh + rows * sgp, mask=live, other=0.0).to(tl.float32) + \
+                tl.load(dtb_ptr + h).to(tl.float32)
+            g = tl.where(live, -tl.load(alog_ptr + h) * tl.where(ar > 20.0, ar, tl.log(1.0 + tl.exp(ar))), 0.0)
+            b = tl.load(b_ptr + h * sbh + rows * sbp, mask=live, other=0.0)
+            beta = tl.where(live, tl.sigmoid(b.to(tl.float32)).to(b.dtype).to(tl.float32), 0.0)
+        else:
+            g = tl.load(g_ptr + h * sgh + rows * sgp, mask=live, other=0.0)            # [C]
+            beta = tl.load(b_ptr + h * sbh + rows * sbp, mask=live, other=0.0)
+        k = tl.load(k_ptr + kh * skh + rows[:, None] * skp + rk[None, :] * skd, mask=live[:, None],
+                    other=0.0).to(tl.float32)                                        # [C, DK]
+        if RAW:
+            k = k * tl.rsqrt(tl.sum(k * k, 1) + EPS)[:, None]
         cum = tl.cumsum(g, 0)                                                        # G_t
         lower = rc[:, None] >= rc[None, :]                                           # s <= t
         decay = tl.where(lower, tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0)), 0.0)
@@ -69,20 +85,42 @@ if triton is not None:
         kc = tl.dot(t_inv, (beta * eg)[:, None] * k, input_precision=PREC)
         tl.store(kc_ptr + base * C * DK + rc[:, None] * DK + rk[None, :], kc)
         tl.store(kd_ptr + base * C * DK + rc[:, None] * DK + rk[None, :], tl.exp(last - cum)[:, None] * k)
-        v = tl.load(v_ptr + h * svh + rows[:, None] * svp + rv[None, :] * svd, mask=live[:, None], other=0.0)   # [C, DV]
+        v = tl.load(v_ptr + h * svh + rows[:, None] * svp + rv[None, :] * svd, mask=live[:, None],
+                    other=0.0).to(tl.float32)                                        # [C, DV]
         w = tl.dot(t_inv, beta[:, None] * v, input_precision=PREC)
         tl.store(w_ptr + base * C * DV + rc[:, None] * DV + rv[None, :], w)
-        q = tl.load(q_ptr + h * sqh + rows[:, None] * sqp + rk[None, :] * sqd, mask=live[:, None], other=0.0)
+        q = tl.load(q_ptr + kh * sqh + rows[:, None] * sqp + rk[None, :] * sqd, mask=live[:, None],
+                    other=0.0).to(tl.float32)
+        if RAW:
+            q = q * tl.rsqrt(tl.sum(q * q, 1) + EPS)[:, None] * SCALE
         tl.store(qg_ptr + base * C * DK + rc[:, None] * DK + rk[None, :], eg[:, None] * q)
         p = decay * tl.dot(q, tl.trans(k), input_precision=PREC)
         tl.store(p_ptr + base * C * C + rc[:, None] * C + rc[None, :], p)
         tl.store(dec_ptr + base, tl.exp(last))
 
 
+def _pow2(*widths: int) -> bool:
+    return all(16 <= n <= 128 and n & (n - 1) == 0 for n in widths)
+
+
 def usable(q: torch.Tensor, v: torch.Tensor, c: int) -> bool:
     """The kernel takes these: CUDA, fp32, power-of-two widths of 16 to 128 and chunk."""
-    pow2 = all(16 <= n <= 128 and n & (n - 1) == 0 for n in (q.shape[-1], v.shape[-1], c))
-    return triton is not None and q.is_cuda and q.dtype == v.dtype == torch.float32 and pow2
+    return (triton is not None and q.is_cuda and q.dtype == v.dtype == torch.float32
+            and _pow2(q.shape[-1], v.shape[-1], c))
+
+
+def usable_raw(mixed: torch.Tensor, dk: int, dv: int, c: int) -> bool:
+    """chunk_parts_raw takes these: CUDA, on, power-of-two widths of 16 to 128 and chunk."""
+    return triton is not None and enabled and raw and mixed.is_cuda and _pow2(dk, dv, c)
+
+
+def _empty_parts(hv: int, rows: int, dk: int, dv: int, c: int, dev: torch.device):
+    n = -(-rows // c)
+    kc, qg, kd = (torch.empty(hv, n, c, dk, dtype=torch.float32, device=dev) for _ in range(3))
+    w = torch.empty(hv, n, c, dv, dtype=torch.float32, device=dev)
+    p = torch.empty(hv, n, c, c, dtype=torch.float32, device=dev)
+    dec = torch.empty(hv, n, dtype=torch.float32, device=dev)
+    return n, (kc, w, qg, p, kd, dec)
 
 
 def chunk_parts(q, k, v, g, beta, c: int):
@@ -91,15 +129,25 @@ def chunk_parts(q, k, v, g, beta, c: int):
     [Hv, N, c, *] and dec [Hv, N]), in one launch."""
     hv, rows, dk = q.shape
     dv = v.shape[-1]
-    n = -(-rows // c)
-    dev = q.device
-    kc, qg, kd = (torch.empty(hv, n, c, dk, dtype=torch.float32, device=dev) for _ in range(3))
-    w = torch.empty(hv, n, c, dv, dtype=torch.float32, device=dev)
-    p = torch.empty(hv, n, c, c, dtype=torch.float32, device=dev)
-    dec = torch.empty(hv, n, dtype=torch.float32, device=dev)
-    if g.stride() != beta.stride():      # the kernel reads both by g's strides
-        g, beta = g.contiguous(), beta.contiguous()
-    _parts[(hv, n)](q, k, v, g, beta, *q.stride(), *k.stride(), *v.stride(), g.stride(0), g.stride(1),
-                    kc, w, qg, p, kd, dec, rows, n, C=c, DK=dk, DV=dv, PREC=PREC,
+    n, out = _empty_parts(hv, rows, dk, dv, c, q.device)
+    _parts[(hv, n)](q, k, v, g, beta, g, g, *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
+                    *out, rows, n, C=c, DK=dk, DV=dv, PREC=PREC, REP=1, RAW=False, SCALE=1.0, EPS=0.0,
                     num_warps=WARPS)
-    return kc, w, qg, p, kd, dec
+    return out
+
+
+def chunk_parts_raw(mixed, ba, a_log_exp, dt_bias, hk: int, dk: int, dv: int, c: int, eps: float = 1e-6):
+    """The same parts straight from the DeltaNet's conv output mixed [P, q|k|v: 2 Hk dk + Hv dv] and
+    the input product's b|a columns ba [P, 2 Hv] (any strides and float dtype), with a_log_exp,
+    dt_bias [Hv]: deltanet.prepare's norms, repeat and casts and the model's beta = sigmoid(b),
+    g = -exp(A_log) softplus(a + dt_bias) done inside the launch instead of ~20 torch operations."""
+    rows = mixed.shape[0]
+    hv = ba.shape[1] // 2
+    n, out = _empty_parts(hv, rows, dk, dv, c, mixed.device)
+    sp, sd = mixed.stride()
+    kd = hk * dk
+    _parts[(hv, n)](mixed, mixed[:, kd:], mixed[:, 2 * kd:], ba[:, hv:], ba, a_log_exp, dt_bias,
+                    dk * sd, sp, sd, dk * sd, sp, sd, dv * sd, sp, sd, *ba.stride()[::-1], *ba.stride()[::-1],
+                    *out, rows, n, C=c, DK=dk, DV=dv, PREC=PREC, REP=hv // hk, RAW=True, SCALE=dk ** -0.5,
+                    EPS=eps, num_warps=WARPS)
+    return out
