@@ -63,6 +63,7 @@ def main() -> int:
     beta = torch.rand(hv, a.tokens, device="cuda", generator=g)
     s0 = torch.randn(hv, dk, dv, device="cuda", generator=g) * 0.05
     parts = list(chunk_delta.chunk_parts(q, k, v, gg, beta))
+
     def rows_first(o):     # chain_torch's [Hv, N, C, dv] as chain_triton writes it: [P, Hv, dv]
         return o.reshape(hv, -1, dv)[:, :a.tokens].transpose(0, 1)
 

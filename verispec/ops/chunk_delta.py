@@ -14,9 +14,10 @@ with S0 the state at the chunk's start, G_t = g_1 + .. + g_t (log decays, <= 0),
 
 which is the row-by-row rule re-associated (tests/test_chunk_delta.py holds it to the row-wise
 one in fp64). The state-free parts run batched over every chunk and head (torch; on CUDA in one
-Triton launch, chunk_parts_cuda.py); the chain of chunks runs in one Triton launch on CUDA (the state
-in registers; tl.dot in tf32x3, three TF32 products for each: 1.2e-7 from fp64 where plain TF32 was
-8e-4, bench/chunk_delta_probe.py), or as a torch loop elsewhere (the CPU). Prefill only: the re-association rounds differently from the
+Triton launch, chunk_parts_cuda.py, which the model feeds its conv output directly: delta_rule_raw);
+the chain of chunks runs in one Triton launch on CUDA (the state in registers; tl.dot in tf32x3, three
+TF32 products for each: 1.2e-7 from fp64 where plain TF32 was 8e-4, bench/chunk_delta_probe.py), or as
+a torch loop elsewhere (the CPU). Prefill only: the re-association rounds differently from the
 row-wise kernels, so these bits are not a decode step's.
 """
 
