@@ -82,7 +82,7 @@ def main() -> int:
                    help="which of exact1 (one row a forward), exact16, batched, batched_eager (the prompt padded to "
                         "its bucket but never captured: a bucket's first run, verispec/prompt_graphs.py), "
                         "batched_unpadded (no prompt graphs at all), batched_rows (the recurrence row by row at any "
-                        "length: delta_steps on CUDA), batched_chunks (in chunks at any length), batched_chunks_eager (the same, "
+                        "length: delta_steps on CUDA), batched_rows_eager (the same, never captured), batched_chunks (in chunks at any length), batched_chunks_eager (the same, "
                         "never captured), batched_torch, batched_eager_torch, batched_chunks_torch and "
                         "batched_chunks_eager_torch (those four with the "
                         "chunks' state-free parts as torch operations, not one Triton launch: "
@@ -99,6 +99,8 @@ def main() -> int:
              "batched_eager": ("batched, prompt graphs never captured (a bucket's first run)", (batched, "eager")),
              "batched_unpadded": ("batched, no prompt graphs (unpadded, eager)", (batched, "unpadded")),
              "batched_rows": ("batched, the recurrence row by row", (batched, "rows")),
+             "batched_rows_eager": ("batched, the recurrence row by row, prompt graphs never captured",
+                                    (batched, "rows_eager")),
              "batched_chunks": ("batched, the recurrence in chunks at any length", (batched, "chunks")),
              "batched_chunks_eager": ("batched, the recurrence in chunks at any length, prompt graphs never captured",
                                       (batched, "chunks_eager")),
@@ -130,15 +132,15 @@ def main() -> int:
 
     def graphs_for(rows):
         """The prompt graphs an arm runs with: the model's own, none, or a pair of its own (never
-        captured for "eager"; for "rows", "chunks" and the VARIANTS arms, whose buckets must not
+        captured for "eager" and the other "_eager"s; for "rows", "rows_eager", "chunks" and the VARIANTS arms, whose buckets must not
         replay another arm's captures of another recurrence or other parts)."""
         base = _base(rows)
         if base == "unpadded" or mine[0] is None:
             return None, None
-        if rows not in ("eager", "rows", "chunks", "chunks_eager") and rows == base:
+        if rows not in ("eager", "rows", "rows_eager", "chunks", "chunks_eager") and rows == base:
             return mine
         if rows not in own:
-            cap = None if base in ("eager", "chunks_eager") else CAPTURE_AFTER
+            cap = None if base in ("eager", "rows_eager", "chunks_eager") else CAPTURE_AFTER
             # pieces only where the model has them (prompt_pieces.ENABLED)
             own[rows] = (PromptGraphs(m, mine[0].min_rows, capture_after=cap),
                          mine[1] and ContinuationGraphs(m, mine[1].min_rows, capture_after=cap))
@@ -158,7 +160,7 @@ def main() -> int:
                     dec.prefill(prefix)
                 if isinstance(rows, int):
                     dec.config.prefill_rows = rows
-                chunk_delta.enabled, cuda_from = base != "rows", chunk_delta.CUDA_FROM
+                chunk_delta.enabled, cuda_from = base not in ("rows", "rows_eager"), chunk_delta.CUDA_FROM
                 if base in ("chunks", "chunks_eager"):
                     chunk_delta.CUDA_FROM = 0
                 m.prompt_graphs, m.prompt_pieces = graphs_for(rows) if isinstance(rows, str) else mine

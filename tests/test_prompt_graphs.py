@@ -64,7 +64,7 @@ def test_buckets_and_bad_calls(monkeypatch):
     assert pg.bucket(pg.max_rows()) == pg.max_rows() and pg.bucket(pg.max_rows() + 1) is None
     # the row-by-row recurrence's buckets stay below the cut, the chunks' are wider from it
     cut = chunk_delta.CUDA_FROM
-    assert cut == 1024 and GRAPH_TO == 2048 == pg.max_rows()
+    assert cut == 512 and GRAPH_TO == 2048 == pg.max_rows()
     assert [pg.bucket(r) for r in (cut - 70, cut - 60, cut - 1)] == [cut - 64, cut - 1, cut - 1]
     assert [pg.bucket(r) for r in (1024, 1025, 1153, 2047, 2048, 2049)] == [1024, 1152, 1280, 2048, 2048, None]
     assert [bucket_rows(r) for r in (2049, 4095, 4096, 4097)] == [2304, 4096, 4096, 4608]

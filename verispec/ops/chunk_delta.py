@@ -36,11 +36,10 @@ except ImportError:  # pragma: no cover - the CPU machine has no triton
 
 enabled = True     # benchmarks switch it off to time the row-by-row recurrence in its place
 CHUNK = 64
-CUDA_FROM = 1024   # on CUDA, prompts of fewer rows take delta_steps (one launch). At 512 rows the chunks won
+CUDA_FROM = 512    # on CUDA, prompts of fewer rows take delta_steps (one launch). At 512 rows the chunks won
                    # graphed (9255 / 7552 tok/s, chunks / rows, H100, device call 189) and, with their inputs made
                    # ready in the parts' launch, eager too (7693 / 7114, call 203); one threshold serves both (a
-                   # prompt's bits must not depend on the captures). 512 waits for the GPU suites to run with it
-                   # (docs/cuda.md "The parts' inputs made ready in the same launch")
+                   # prompt's bits must not depend on the captures)
 BV, PREC, WARPS = 32, "tf32x3", 4   # the Triton chain: value columns a program, tl.dot's precision, warps
 
 if triton is not None:
