@@ -82,10 +82,10 @@ def main() -> int:
                    help="which of exact1 (one row a forward), exact16, batched, batched_eager (the prompt padded to "
                         "its bucket but never captured: a bucket's first run, verispec/prompt_graphs.py), "
                         "batched_unpadded (no prompt graphs at all), batched_rows (the recurrence row by row at any "
-                        "length: delta_steps on CUDA), batched_rows_eager (the same, never captured), batched_chunks (in chunks at any length), batched_chunks_eager (the same, "
-                        "never captured), batched_torch, batched_eager_torch, batched_chunks_torch and "
-                        "batched_chunks_eager_torch (those four with the "
-                        "chunks' state-free parts as torch operations, not one Triton launch: "
+                        "length: delta_steps on CUDA), batched_rows_eager (the same, never captured), batched_chunks "
+                        "(in chunks at any length), batched_chunks_eager (the same, never captured), batched_torch, "
+                        "batched_eager_torch, batched_chunks_torch and batched_chunks_eager_torch (those four with "
+                        "the chunks' state-free parts as torch operations, not one Triton launch: "
                         "verispec/ops/chunk_parts_cuda.py), batched_split, batched_eager_split, batched_chunks_split "
                         "and batched_chunks_eager_split (the one launch, its inputs made ready by torch operations "
                         "rather than inside it: chunk_parts_cuda.raw off) to run, comma-separated; every arm but "
@@ -132,8 +132,9 @@ def main() -> int:
 
     def graphs_for(rows):
         """The prompt graphs an arm runs with: the model's own, none, or a pair of its own (never
-        captured for "eager" and the other "_eager"s; for "rows", "rows_eager", "chunks" and the VARIANTS arms, whose buckets must not
-        replay another arm's captures of another recurrence or other parts)."""
+        captured for "eager" and the other "_eager"s; for "rows", "rows_eager", "chunks" and the
+        VARIANTS arms, whose buckets must not replay another arm's captures of another recurrence or
+        other parts)."""
         base = _base(rows)
         if base == "unpadded" or mine[0] is None:
             return None, None
