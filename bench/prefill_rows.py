@@ -131,17 +131,14 @@ def main() -> int:
     own = {}
 
     def graphs_for(rows):
-        """The prompt graphs an arm runs with: the model's own, none, or a pair of its own (never
-        captured for "eager" and the other "_eager"s; for "rows", "rows_eager", "chunks" and the
-        VARIANTS arms, whose buckets must not replay another arm's captures of another recurrence or
-        other parts)."""
+        """The prompt graphs an arm runs with: none, or a pair of its own (never captured for the
+        "eager" arms), so that no bucket replays another arm's captures of another recurrence or
+        other parts. (`batched` itself runs with the model's own.)"""
         base = _base(rows)
         if base == "unpadded" or mine[0] is None:
             return None, None
-        if rows not in ("eager", "rows", "rows_eager", "chunks", "chunks_eager") and rows == base:
-            return mine
         if rows not in own:
-            cap = None if base in ("eager", "rows_eager", "chunks_eager") else CAPTURE_AFTER
+            cap = None if base.endswith("eager") else CAPTURE_AFTER
             # pieces only where the model has them (prompt_pieces.ENABLED)
             own[rows] = (PromptGraphs(m, mine[0].min_rows, capture_after=cap),
                          mine[1] and ContinuationGraphs(m, mine[1].min_rows, capture_after=cap))
@@ -155,14 +152,14 @@ def main() -> int:
         # captured on its second use)
         for r in range(-2, a.rounds):
             for name, (settings, rows) in arms.items():
-                base = _base(rows) if isinstance(rows, str) else rows
+                base = _base(rows) if isinstance(rows, str) else ""   # "" for exact1, exact16, batched
                 dec = eng.new_decoder(settings, prefix + prompt)
                 if prefix:
                     dec.prefill(prefix)
                 if isinstance(rows, int):
                     dec.config.prefill_rows = rows
-                chunk_delta.enabled, cuda_from = base not in ("rows", "rows_eager"), chunk_delta.CUDA_FROM
-                if base in ("chunks", "chunks_eager"):
+                chunk_delta.enabled, cuda_from = not base.startswith("rows"), chunk_delta.CUDA_FROM
+                if base.startswith("chunks"):
                     chunk_delta.CUDA_FROM = 0
                 m.prompt_graphs, m.prompt_pieces = graphs_for(rows) if isinstance(rows, str) else mine
                 chunk_parts_cuda.enabled = not (isinstance(rows, str) and rows.endswith("_torch"))
