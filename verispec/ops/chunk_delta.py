@@ -36,10 +36,11 @@ except ImportError:  # pragma: no cover - the CPU machine has no triton
 
 enabled = True     # benchmarks switch it off to time the row-by-row recurrence in its place
 CHUNK = 64
-CUDA_FROM = 512    # on CUDA, prompts of fewer rows take delta_steps (one launch). At 512 rows the chunks won
-                   # graphed (9255 / 7552 tok/s, chunks / rows, H100, device call 189) and, with their inputs made
-                   # ready in the parts' launch, eager too (7693 / 7114, call 203); one threshold serves both (a
-                   # prompt's bits must not depend on the captures)
+CUDA_FROM = 512    # on CUDA, prompts of fewer rows take delta_steps (one launch). From 512 rows the chunks win
+                   # graphed and, with their inputs made ready in the parts' launch, eager too; below it they
+                   # lose eager: H200 10762 / 8051 tok/s graphed and 8302 / 7664 eager at 512 rows (chunks /
+                   # rows), 3992 / 4324 eager at 256 (device calls 211-212); on an H100 the chunks won at 512 too (calls
+                   # 189, 203). One threshold serves both (a prompt's bits must not depend on the captures)
 BV, PREC, WARPS = 32, "tf32x3", 4   # the Triton chain: value columns a program, tl.dot's precision, warps
 
 if triton is not None:
