@@ -572,12 +572,11 @@ class Model:
             mixed = dn_ops.conv_prefill(mixed, ring, m.conv, n_real)
         prompt = rp is BATCH and not save_slots
         heads = (a.linear_num_key_heads, a.linear_key_head_dim, a.linear_value_head_dim)
-        chunks = prompt and chunk_delta.runs(rows, ring)   # a prompt: the rows in chunks (verispec/ops/chunk_delta.py)
-        if prompt and cuda_deltanet.usable(ring) and not chunks:
+        if prompt and cuda_deltanet.usable(ring) and not chunk_delta.runs(rows, ring):
             # a shorter prompt on CUDA: every row in one launch, whose fixed cost is the lower one there
             o = cuda_deltanet.delta_steps(mixed.contiguous(), ba, m.a_log_exp, m.dt_bias, rec,
                                           None, *heads, out_dtype=h.dtype)
-        elif chunks and chunk_delta.usable_raw(mixed, rec, heads):
+        elif prompt and chunk_delta.runs(rows, ring) and chunk_delta.usable_raw(mixed, rec, heads):
             # the chunks with q, k, v, g and beta prepared inside the parts' launch: ~20 launches fewer
             o = chunk_delta.delta_rule_raw(mixed, ba, m.a_log_exp, m.dt_bias, rec, heads, out_dtype=h.dtype)
         else:
@@ -586,7 +585,7 @@ class Model:
             v = mixed[:, 2 * kd:].reshape(rows, hv, heads[2])
             beta = rowwise(torch.sigmoid, b, exact=rp)
             g = -m.a_log_exp * rowwise(F.softplus, a_.float() + m.dt_bias, exact=rp)
-            if chunks:
+            if prompt and chunk_delta.runs(rows, ring):   # a prompt: the rows in chunks (verispec/ops/chunk_delta.py)
                 o = chunk_delta.delta_rule(q, k, v, g, beta, rec, rp)
             else:
                 o = dn_ops.delta_rule_rows(q, k, v, g, beta, rec, on_row=save_rec, rows_policy=rp, slots=rec_slots)
