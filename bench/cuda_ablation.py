@@ -14,6 +14,20 @@ around them could not overlap), which is what folding them away, or making them 
 Arms interleaved, medians; 1 row (and 4 with --rows 1,4).
 
   python3 bench/cuda_ablation.py --rounds 20 --out $OUT
+
+--arms predict measures instead what predicting the routed experts could win in the real chain
+(thirty-second session): the router runs as always, but the experts read fixed valid ids, so a
+prediction of them can be always right. The gate/up kernel's PRED variant (cuda_moe._gate_up_act)
+loads the first half of each program's weights (the predicted expert's) before its wait; the
+router launches it after its own wait (as now) or before (so its programs are resident while the
+add + norm + router product and the router run). The arms: `fixed` (no prediction), `fixed_pred`
+(always right, router as now), `fixed_early_none` (router early, only the shared expert's
+programs preload), `fixed_early_pred` (router early, always right), `fixed_early_wrong` (router
+early, always wrong: the bytes a miss wastes), and `full` (the real routing, for reference). The
+fixed arms' logits must be equal to each other bit for bit (the prediction moves no value); `full`
+routes otherwise and differs.
+
+  python3 bench/cuda_ablation.py --arms predict --rounds 20 --rows 1,4 --out $OUT
 """
 
 from __future__ import annotations
@@ -57,17 +71,23 @@ class Ablation:
 
     def __init__(self):
         self.kernels = {(m, n): getattr(m, n) for parts in KERNELS.values() for m, n in parts}
-        self.route_shared, self.launch = cuda_moe.route_shared, cuda_nvrtc.launch
+        self.route_shared, self.launch, self.pairs = cuda_moe.route_shared, cuda_nvrtc.launch, cuda_moe._pairs
         w = torch.full((16, 9), 0.125, dtype=torch.float32, device="cuda")
         w[:, 8] = 0.5
         ids = torch.tensor([[(32 * j + r) % 256 for j in range(8)] + [256] for r in range(16)], dtype=torch.int32,
                            device="cuda")
         self.w, self.ids = w, ids
+        wrong = (ids + 1) % 256
+        wrong[:, 8] = 256
+        none = torch.full_like(ids, -1)
+        none[:, 8] = 256
+        self.preds = {"right": ids, "wrong": wrong, "none": none}
+        self.early, self.pred = False, None
 
     def set(self, leave_out: tuple[str, ...]) -> None:
         for (m, n), k in self.kernels.items():
             setattr(m, n, k)
-        cuda_moe.route_shared, cuda_nvrtc.launch = self.route_shared, self.launch
+        cuda_moe.route_shared, cuda_nvrtc.launch, cuda_moe._pairs = self.route_shared, self.launch, self.pairs
         for name in leave_out:
             if name == "router":
                 cuda_moe.route_shared = self._fixed_route
@@ -76,6 +96,26 @@ class Ablation:
             else:
                 for m, n in KERNELS[name]:
                     setattr(m, n, _NoLaunch())
+
+    def set_predict(self, arm: str) -> None:
+        """--arms predict: `full`, or `fixed[_early][_pred|_none|_wrong]` (the module docstring)."""
+        self.set(())
+        if arm == "full":
+            return
+        self.early = "_early" in arm
+        self.pred = next((self.preds[p] for p in ("none", "wrong") if arm.endswith("_" + p)),
+                         self.preds["right"] if arm.endswith("_pred") else None)
+        cuda_moe.route_shared, cuda_moe._pairs = self._live_route, self._pairs_pred
+
+    def _live_route(self, x, rows, n_experts, top_k, norm, early=False):
+        """The real router's launch (its ids unused: the chain keeps its latency), fixed ids out."""
+        self.route_shared(x, rows, n_experts, top_k, norm, early=self.early)
+        return self._fixed_route(x, rows, n_experts, top_k, norm)
+
+    def _pairs_pred(self, x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
+        rows = ids.numel() // pairs_per_row
+        pred = None if self.pred is None else self.pred[:rows].reshape(-1)
+        return self.pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, pred=pred)
 
     def _fixed_route(self, x, rows, n_experts, top_k, norm, early=False):
         if n_experts != 256 or top_k != 8:
@@ -93,6 +133,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--rows", default="1")
+    ap.add_argument("--arms", choices=("ablation", "predict"), default="ablation")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -101,6 +142,8 @@ def main() -> int:
     bw = cb.bandwidth()
     eng, _ = cb.build(a.preset, a.layers, "independent", 1)
     abl = Ablation()
+    if a.arms == "predict":
+        return predict(eng, abl, a, bw)
     arms = {"full": ()}
     arms |= {f"no_{k}": (k,) for k in ("recurrence", "row_norms", "attention_steps", "router", "combine",
                                        "add_norm_router")}
@@ -124,6 +167,44 @@ def main() -> int:
                                                         "arms": {k: list(v) for k, v in arms.items()},
                                                         "ablation": res}, indent=1, default=str) + "\n")
     return 0
+
+
+PREDICT_ARMS = ("fixed", "fixed_pred", "fixed_early_none", "fixed_early_pred", "fixed_early_wrong", "full")
+
+
+def predict(eng, abl: Ablation, a, bw: float) -> int:
+    """--arms predict (the module docstring)."""
+    if not cuda_moe.available(torch.device("cuda")):
+        print("cuda_ablation: the predict arms need Triton", file=sys.stderr)
+        return 2
+    from verispec.ops import cuda_launch
+    early = cuda_launch.flags(torch.device("cuda"), early=True).get("EARLY", False)
+    cb.log(f"[predict] the router can launch gate/up before its wait here: {early}"
+           + ("" if early else " (no stream products: the _early arms run as the others)"))
+    try:
+        cb.graph_arms(eng, a.rounds, "predict", {k: (lambda v=k: abl.set_predict(v)) for k in PREDICT_ARMS},
+                      row_counts=tuple(int(r) for r in a.rows.split(",")))
+    finally:
+        abl.set(())
+    limit = cb.active_weight_bytes(cb._cfg_dict(eng)) / bw
+    res = cb.RESULTS.get("predict")
+    if not res:
+        print("cuda_ablation: no graphed forwards ran", file=sys.stderr)
+        return 2
+    bad = False
+    for rows, r in res.items():
+        fixed_equal = {k: r["logits_equal_to_first"][k] for k in PREDICT_ARMS[1:-1]}
+        r["fixed_arms_equal"] = all(fixed_equal.values())
+        bad |= not r["fixed_arms_equal"]
+        cb.log(f"[predict] rows {rows}: " + "; ".join(
+            f"{k} {v:.3f} ms = {limit * 1e3 / v * 100:.1f}% of the {limit * 1e3:.3f} ms limit" for k, v in r["ms"].items())
+            + f"; the fixed arms' logits equal to each other: {fixed_equal}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cuda_ablation_predict.json").write_text(json.dumps({"bandwidth_Bps": bw, "limit_ms": limit * 1e3,
+                                                                "arms": list(PREDICT_ARMS), "predict": res},
+                                                               indent=1, default=str) + "\n")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

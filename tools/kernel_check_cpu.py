@@ -86,6 +86,18 @@ def experts() -> None:
                                                    E=e, BLOCK_N=4, BLOCK_K=64, SHARED_FIRST=first, PDL=False)
         outs[first] = act
     check("gate/up: the shared expert first = every program waiting", torch.equal(outs[True], outs[False]))
+    flat = ids.flatten()
+    preds = {"right": flat.clone(), "none": torch.full_like(flat, -1), "wrong": (flat + 1) % e}
+    preds["none"][k - 1::k] = e      # the shared slots: their own expert
+    preds["wrong"][k - 1::k] = e
+    preds["half"] = torch.where(torch.arange(flat.numel()) % 2 == 0, flat, preds["wrong"]).to(torch.int32)
+    for name, pred in preds.items():
+        for first in (False, True):
+            act = torch.empty(r * k, inter)
+            cuda_moe._gate_up_act[(r * k, inter // 4)](x, w, flat, act, e * 2 * inter * h, r, inter, h, TOP_K=k,
+                                                       E=e, BLOCK_N=4, BLOCK_K=64, SHARED_FIRST=first, PDL=False,
+                                                       pred_ptr=pred.to(torch.int32), PRED=True)
+            check(f"gate/up: predicted ids ({name}, shared first {first}) = none", torch.equal(act, outs[False]))
     wf = w.reshape(e + 1, 2 * inter, h)
     ref = torch.stack([torch.nn.functional.silu(wf[i][:inter] @ x[p // k]) * (wf[i][inter:] @ x[p // k])
                        for p, i in enumerate(ids.flatten().tolist())])

@@ -32,7 +32,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["R"])
     def _gate_up_act(x_ptr, w_ptr, ids_ptr, act_ptr, sh_off, R, I: tl.constexpr, H: tl.constexpr, TOP_K: tl.constexpr,
                      E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SHARED_FIRST: tl.constexpr,
-                     PDL: tl.constexpr):
+                     PDL: tl.constexpr, pred_ptr=None, PRED: tl.constexpr = False):
         """SHARED_FIRST (each row's last slot is the shared expert, id E): the R rows' shared
         pairs first among the pairs; their programs need nothing from the router (the kernel
         before this one: its input x is older, their expert is fixed), so they skip the wait
@@ -41,7 +41,15 @@ if triton is not None:
         router still reads). Grid (pairs, blocks), pairs varying fastest as without
         SHARED_FIRST (a grid with every shared program dispatched first was 1.01-1.02x slower
         at 3 and 4 rows, device calls 47-50). Every program's arithmetic is the same either way.
-        The caller's promise: x was written before the router's launch."""
+        The caller's promise: x was written before the router's launch.
+
+        PRED (an experiment, off in the model: bench/cuda_ablation.py): pred_ptr holds a
+        predicted expert id for each pair (-1: none). Before its wait each program loads its
+        first BLOCK_K columns of the predicted expert's weights (the shared programs: the shared
+        expert's); after it, every program waits (x too is read after it, so the router may
+        launch this kernel before its own wait), reads the router's id, and loads that block
+        again only where the prediction was wrong. The weights are the same memory either way,
+        so the bits do not depend on the prediction."""
         if SHARED_FIRST:
             q = tl.program_id(0)
             nb = tl.program_id(1)
@@ -51,35 +59,68 @@ if triton is not None:
             pair = tl.program_id(0)
             nb = tl.program_id(1)
             routed = pair >= 0
-        if PDL:   # verispec/ops/cuda_launch.py: nothing the previous kernel writes is touched before it is done
-            if routed:
+        if PRED:
+            row = pair // TOP_K
+            offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < I
+            acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            ep = tl.load(pred_ptr + pair, mask=routed, other=E).to(tl.int64)   # a weight's address: no wait
+            offs_k0 = tl.arange(0, BLOCK_K)
+            m0 = n_ok[:, None] & (offs_k0 < H)[None, :] & (ep >= 0)
+            p_rows = w_ptr + tl.where(ep == E, sh_off, ep * (2 * I) * H) + offs_n[:, None].to(tl.int64) * H
+            wg0 = tl.load(p_rows + offs_k0[None, :], mask=m0, other=0.0)
+            wu0 = tl.load(p_rows + I * H + offs_k0[None, :], mask=m0, other=0.0)
+            if PDL:
                 gdc_wait()
-            gdc_launch_dependents()
-        e = tl.load(ids_ptr + pair, mask=routed, other=E).to(tl.int64)
-        row = pair // TOP_K
-        offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < I
-        # id E is the shared expert: its [2I, H] weights sit sh_off elements from w_ptr
-        base = tl.where(e == E, sh_off, e * (2 * I) * H)
-        g_rows = w_ptr + base + offs_n[:, None].to(tl.int64) * H
-        u_rows = g_rows + I * H
-        # products accumulate element-wise across the K blocks and are reduced once at the end
-        # (a reduction per block was a cross-thread shuffle per block)
-        acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_ok = offs_k < H
-            xv = tl.load(x_ptr + row * H + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-            m = n_ok[:, None] & k_ok[None, :]
-            wg = tl.load(g_rows + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
-            wu = tl.load(u_rows + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
-            acc_g += wg * xv[None, :]
-            acc_u += wu * xv[None, :]
+                gdc_launch_dependents()
+            e = tl.load(ids_ptr + pair, mask=routed, other=E).to(tl.int64)
+            miss = e != ep
+            g_rows = w_ptr + tl.where(e == E, sh_off, e * (2 * I) * H) + offs_n[:, None].to(tl.int64) * H
+            u_rows = g_rows + I * H
+            for k0 in tl.static_range(0, H, BLOCK_K):   # the same sums, in the same order, as below
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                k_ok = offs_k < H
+                xv = tl.load(x_ptr + row * H + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+                m = n_ok[:, None] & k_ok[None, :]
+                if k0 == 0:
+                    wg = tl.where(miss, tl.load(g_rows + offs_k[None, :], mask=m & miss, other=0.0), wg0)
+                    wu = tl.where(miss, tl.load(u_rows + offs_k[None, :], mask=m & miss, other=0.0), wu0)
+                else:
+                    wg = tl.load(g_rows + offs_k[None, :], mask=m, other=0.0)
+                    wu = tl.load(u_rows + offs_k[None, :], mask=m, other=0.0)
+                acc_g += wg.to(tl.float32) * xv[None, :]
+                acc_u += wu.to(tl.float32) * xv[None, :]
+        else:
+            if PDL:   # verispec/ops/cuda_launch.py: nothing the previous kernel writes is touched before it is done
+                if routed:
+                    gdc_wait()
+                gdc_launch_dependents()
+            e = tl.load(ids_ptr + pair, mask=routed, other=E).to(tl.int64)
+            row = pair // TOP_K
+            offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < I
+            # id E is the shared expert: its [2I, H] weights sit sh_off elements from w_ptr
+            base = tl.where(e == E, sh_off, e * (2 * I) * H)
+            g_rows = w_ptr + base + offs_n[:, None].to(tl.int64) * H
+            u_rows = g_rows + I * H
+            # products accumulate element-wise across the K blocks and are reduced once at the end
+            # (a reduction per block was a cross-thread shuffle per block)
+            acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            for k0 in range(0, H, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                k_ok = offs_k < H
+                xv = tl.load(x_ptr + row * H + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+                m = n_ok[:, None] & k_ok[None, :]
+                wg = tl.load(g_rows + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
+                wu = tl.load(u_rows + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
+                acc_g += wg * xv[None, :]
+                acc_u += wu * xv[None, :]
         g_sum = tl.sum(acc_g, axis=1)
         u_sum = tl.sum(acc_u, axis=1)
         act = g_sum * tl.sigmoid(g_sum) * u_sum
-        if PDL and SHARED_FIRST:
+        if PDL and SHARED_FIRST and not PRED:
             if not routed:
                 gdc_wait()
         tl.store(act_ptr + pair * I + offs_n, act.to(act_ptr.dtype.element_ty), mask=n_ok)
@@ -288,8 +329,10 @@ def available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
 
 
-def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
-    """The gate/up + SwiGLU and down kernels over every (row, slot) pair -> y [R * slots, H] fp32."""
+def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, pred=None):
+    """The gate/up + SwiGLU and down kernels over every (row, slot) pair -> y [R * slots, H] fp32.
+    pred: a predicted id a pair, int32 like ids (-1: none), for _gate_up_act's PRED (an
+    experiment; the model passes none)."""
     e, two_i, h = gu_all.shape
     inter = two_i // 2
     n = ids.numel()
@@ -300,7 +343,8 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
     first = SHARED_FIRST and shared_gu is not None
     _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h,
                                               TOP_K=pairs_per_row, E=e, BLOCK_N=bn, BLOCK_K=bk, SHARED_FIRST=first,
-                                              num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device))
+                                              num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device),
+                                              **({} if pred is None else {"pred_ptr": pred, "PRED": True}))
     y = torch.empty(n, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
     _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
