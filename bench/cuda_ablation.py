@@ -23,7 +23,11 @@ router launches it after its own wait (as now) or before (so its programs are re
 add + norm + router product and the router run). The arms: `fixed` (no prediction), `fixed_pred`
 (always right, router as now), `fixed_early_none` (router early, only the shared expert's
 programs preload), `fixed_early_pred` (router early, always right), `fixed_early_wrong` (router
-early, always wrong: the bytes a miss wastes), and `full` (the real routing, for reference). The
+early, always wrong: the bytes a miss wastes), `fixed_early_pred2` (both halves of the weights
+before the wait), `fixed_down` and `fixed_early_pred2_down` (the down kernel reading its ids and
+all its weights before its wait: EARLY_W), and `full` (the real routing, for reference). A second
+A/B on the real routing: `full` against `full_down` (EARLY_W needs no prediction: the router's
+ids are complete when the down kernel launches; their logits must be equal). The
 fixed arms' logits must be equal to each other bit for bit (the prediction moves no value); `full`
 routes otherwise and differs.
 
@@ -98,14 +102,18 @@ class Ablation:
                     setattr(m, n, _NoLaunch())
 
     def set_predict(self, arm: str) -> None:
-        """--arms predict: `full`, or `fixed[_early][_pred|_none|_wrong]` (the module docstring)."""
+        """--arms predict: `full[_down]` or `fixed[_early][_pred|_pred2|_none|_wrong][_down]` (the
+        module docstring)."""
         self.set(())
-        if arm == "full":
-            return
         self.early = "_early" in arm
-        self.pred = next((self.preds[p] for p in ("none", "wrong") if arm.endswith("_" + p)),
-                         self.preds["right"] if arm.endswith("_pred") else None)
-        cuda_moe.route_shared, cuda_moe._pairs = self._live_route, self._pairs_pred
+        self.blocks = 2 if "_pred2" in arm else 1
+        self.down_early = arm.endswith("_down")
+        self.pred = next((self.preds[p] for p in ("none", "wrong") if f"_{p}" in arm),
+                         self.preds["right"] if "_pred" in arm else None)
+        if arm.startswith("fixed"):
+            cuda_moe.route_shared = self._live_route
+        if arm != "full":
+            cuda_moe._pairs = self._pairs_pred
 
     def _live_route(self, x, rows, n_experts, top_k, norm, early=False):
         """The real router's launch (its ids unused: the chain keeps its latency), fixed ids out."""
@@ -115,7 +123,8 @@ class Ablation:
     def _pairs_pred(self, x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
         rows = ids.numel() // pairs_per_row
         pred = None if self.pred is None else self.pred[:rows].reshape(-1)
-        return self.pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, pred=pred)
+        return self.pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, pred=pred,
+                          pred_blocks=self.blocks, down_early=self.down_early)
 
     def _fixed_route(self, x, rows, n_experts, top_k, norm, early=False):
         if n_experts != 256 or top_k != 8:
@@ -169,7 +178,9 @@ def main() -> int:
     return 0
 
 
-PREDICT_ARMS = ("fixed", "fixed_pred", "fixed_early_none", "fixed_early_pred", "fixed_early_wrong", "full")
+PREDICT_ARMS = ("fixed", "fixed_pred", "fixed_early_none", "fixed_early_pred", "fixed_early_pred2",
+                "fixed_early_wrong", "fixed_down", "fixed_early_pred2_down", "full")
+REAL_ARMS = ("full", "full_down")   # the real routing: the down kernel reading its weights before its wait
 
 
 def predict(eng, abl: Ablation, a, bw: float) -> int:
@@ -182,8 +193,11 @@ def predict(eng, abl: Ablation, a, bw: float) -> int:
     cb.log(f"[predict] the router can launch gate/up before its wait here: {early}"
            + ("" if early else " (no stream products: the _early arms run as the others)"))
     try:
+        rows = tuple(int(r) for r in a.rows.split(","))
         cb.graph_arms(eng, a.rounds, "predict", {k: (lambda v=k: abl.set_predict(v)) for k in PREDICT_ARMS},
-                      row_counts=tuple(int(r) for r in a.rows.split(",")))
+                      row_counts=rows)
+        cb.graph_arms(eng, a.rounds, "predict_real", {k: (lambda v=k: abl.set_predict(v)) for k in REAL_ARMS},
+                      row_counts=rows)
     finally:
         abl.set(())
     limit = cb.active_weight_bytes(cb._cfg_dict(eng)) / bw
@@ -199,10 +213,17 @@ def predict(eng, abl: Ablation, a, bw: float) -> int:
         cb.log(f"[predict] rows {rows}: " + "; ".join(
             f"{k} {v:.3f} ms = {limit * 1e3 / v * 100:.1f}% of the {limit * 1e3:.3f} ms limit" for k, v in r["ms"].items())
             + f"; the fixed arms' logits equal to each other: {fixed_equal}")
+    real = cb.RESULTS.get("predict_real", {})
+    for rows, r in real.items():
+        bad |= not r["logits_equal"]
+        cb.log(f"[predict_real] rows {rows}: " + "; ".join(
+            f"{k} {v:.3f} ms = {limit * 1e3 / v * 100:.1f}%" for k, v in r["ms"].items())
+            + f"; logits equal: {r['logits_equal']}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cuda_ablation_predict.json").write_text(json.dumps({"bandwidth_Bps": bw, "limit_ms": limit * 1e3,
-                                                                "arms": list(PREDICT_ARMS), "predict": res},
+                                                                "arms": list(PREDICT_ARMS), "predict": res,
+                                                                "real_arms": list(REAL_ARMS), "predict_real": real},
                                                                indent=1, default=str) + "\n")
     return 1 if bad else 0
 

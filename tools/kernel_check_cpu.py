@@ -92,12 +92,13 @@ def experts() -> None:
     preds["wrong"][k - 1::k] = e
     preds["half"] = torch.where(torch.arange(flat.numel()) % 2 == 0, flat, preds["wrong"]).to(torch.int32)
     for name, pred in preds.items():
-        for first in (False, True):
+        for first, blocks in ((False, 1), (True, 1), (True, 2)):
             act = torch.empty(r * k, inter)
             cuda_moe._gate_up_act[(r * k, inter // 4)](x, w, flat, act, e * 2 * inter * h, r, inter, h, TOP_K=k,
                                                        E=e, BLOCK_N=4, BLOCK_K=64, SHARED_FIRST=first, PDL=False,
-                                                       pred_ptr=pred.to(torch.int32), PRED=True)
-            check(f"gate/up: predicted ids ({name}, shared first {first}) = none", torch.equal(act, outs[False]))
+                                                       pred_ptr=pred.to(torch.int32), PRED=blocks)
+            check(f"gate/up: predicted ids ({name}, shared first {first}, {blocks} blocks) = none",
+                  torch.equal(act, outs[False]))
     wf = w.reshape(e + 1, 2 * inter, h)
     ref = torch.stack([torch.nn.functional.silu(wf[i][:inter] @ x[p // k]) * (wf[i][inter:] @ x[p // k])
                        for p, i in enumerate(ids.flatten().tolist())])
@@ -110,6 +111,11 @@ def experts() -> None:
         cuda_moe._down_pair[(5, 8)](act, wd, ids1, y, 0, H=64, I=inter, E=e, BLOCK_N=8, BLOCK_K=128, PDL=False)
         err = rel(y, torch.stack([wd[i] @ act[p] for p, i in enumerate(ids1.tolist())]))
         check(f"down I={inter}: against torch", err < 1e-5, f"{err:.1e}")
+        if inter == 512:
+            y2 = torch.empty(5, 64)
+            cuda_moe._down_pair[(5, 8)](act, wd, ids1, y2, 0, H=64, I=inter, E=e, BLOCK_N=8, BLOCK_K=128, PDL=False,
+                                        EARLY_W=True)
+            check("down: every weight read before the wait = after it", torch.equal(y2, y))
 
 
 def norms_and_router() -> None:

@@ -45,8 +45,8 @@ if triton is not None:
 
         PRED (an experiment, off in the model: bench/cuda_ablation.py): pred_ptr holds a
         predicted expert id for each pair (-1: none). Before its wait each program loads its
-        first BLOCK_K columns of the predicted expert's weights (the shared programs: the shared
-        expert's); after it, every program waits (x too is read after it, so the router may
+        first PRED (1 or 2) blocks of BLOCK_K columns of the predicted expert's weights (the shared
+        programs: the shared expert's); after it, every program waits (x too is read after it, so the router may
         launch this kernel before its own wait), reads the router's id, and loads that block
         again only where the prediction was wrong. The weights are the same memory either way,
         so the bits do not depend on the prediction."""
@@ -71,6 +71,13 @@ if triton is not None:
             p_rows = w_ptr + tl.where(ep == E, sh_off, ep * (2 * I) * H) + offs_n[:, None].to(tl.int64) * H
             wg0 = tl.load(p_rows + offs_k0[None, :], mask=m0, other=0.0)
             wu0 = tl.load(p_rows + I * H + offs_k0[None, :], mask=m0, other=0.0)
+            if PRED > 1:   # the second block too
+                offs_k1 = BLOCK_K + tl.arange(0, BLOCK_K)
+                m1 = n_ok[:, None] & (offs_k1 < H)[None, :] & (ep >= 0)
+                wg1 = tl.load(p_rows + offs_k1[None, :], mask=m1, other=0.0)
+                wu1 = tl.load(p_rows + I * H + offs_k1[None, :], mask=m1, other=0.0)
+            else:
+                wg1, wu1 = wg0, wu0   # unused
             if PDL:
                 gdc_wait()
                 gdc_launch_dependents()
@@ -86,6 +93,9 @@ if triton is not None:
                 if k0 == 0:
                     wg = tl.where(miss, tl.load(g_rows + offs_k[None, :], mask=m & miss, other=0.0), wg0)
                     wu = tl.where(miss, tl.load(u_rows + offs_k[None, :], mask=m & miss, other=0.0), wu0)
+                elif k0 == BLOCK_K and PRED > 1:
+                    wg = tl.where(miss, tl.load(g_rows + offs_k[None, :], mask=m & miss, other=0.0), wg1)
+                    wu = tl.where(miss, tl.load(u_rows + offs_k[None, :], mask=m & miss, other=0.0), wu1)
                 else:
                     wg = tl.load(g_rows + offs_k[None, :], mask=m, other=0.0)
                     wu = tl.load(u_rows + offs_k[None, :], mask=m, other=0.0)
@@ -127,7 +137,42 @@ if triton is not None:
 
     @triton.jit
     def _down_pair(act_ptr, w_ptr, ids_ptr, y_ptr, sh_off, H: tl.constexpr, I: tl.constexpr, E: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY_W: tl.constexpr = False):
+        """EARLY_W (an experiment, off in the model: bench/cuda_ablation.py; I = 4 BLOCK_K): the
+        pair's id and all its weights are read before the wait. The router wrote the ids two
+        launches back: this kernel launches only once every gate/up program has passed its own
+        wait, i.e. after the router completed (as cuda_stream_moe's down relies on). The same
+        sums in the same order as without it."""
+        if EARLY_W:
+            pair = tl.program_id(0)
+            nb = tl.program_id(1)
+            e = tl.load(ids_ptr + pair).to(tl.int64)
+            offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < H
+            w_rows = w_ptr + tl.where(e == E, sh_off, e * H * I) + offs_n[:, None].to(tl.int64) * I
+            ok = n_ok[:, None]
+            w0 = tl.load(w_rows + tl.arange(0, BLOCK_K)[None, :], mask=ok, other=0.0)
+            w1 = tl.load(w_rows + BLOCK_K + tl.arange(0, BLOCK_K)[None, :], mask=ok, other=0.0)
+            w2 = tl.load(w_rows + 2 * BLOCK_K + tl.arange(0, BLOCK_K)[None, :], mask=ok, other=0.0)
+            w3 = tl.load(w_rows + 3 * BLOCK_K + tl.arange(0, BLOCK_K)[None, :], mask=ok, other=0.0)
+            if PDL:
+                gdc_wait()
+                gdc_launch_dependents()
+            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            for k0 in tl.static_range(0, I, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                av = tl.load(act_ptr + pair * I + offs_k).to(tl.float32)
+                if k0 == 0:
+                    wv = w0
+                elif k0 == BLOCK_K:
+                    wv = w1
+                elif k0 == 2 * BLOCK_K:
+                    wv = w2
+                else:
+                    wv = w3
+                acc += wv.to(tl.float32) * av[None, :]
+            tl.store(y_ptr + pair * H + offs_n, tl.sum(acc, axis=1), mask=n_ok)
+            return
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
             gdc_wait()
             gdc_launch_dependents()
@@ -329,10 +374,11 @@ def available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
 
 
-def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, pred=None):
+def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, pred=None, pred_blocks=1,
+           down_early=False):
     """The gate/up + SwiGLU and down kernels over every (row, slot) pair -> y [R * slots, H] fp32.
-    pred: a predicted id a pair, int32 like ids (-1: none), for _gate_up_act's PRED (an
-    experiment; the model passes none)."""
+    pred: a predicted id a pair, int32 like ids (-1: none), for _gate_up_act's PRED (pred_blocks
+    of its K blocks); down_early: _down_pair's EARLY_W. Experiments; the model passes neither."""
     e, two_i, h = gu_all.shape
     inter = two_i // 2
     n = ids.numel()
@@ -344,11 +390,14 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, pred
     _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h,
                                               TOP_K=pairs_per_row, E=e, BLOCK_N=bn, BLOCK_K=bk, SHARED_FIRST=first,
                                               num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device),
-                                              **({} if pred is None else {"pred_ptr": pred, "PRED": True}))
+                                              **({} if pred is None else {"pred_ptr": pred, "PRED": pred_blocks}))
     y = torch.empty(n, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
+    if down_early and inter != 4 * bk:
+        raise ValueError(f"down_early needs I = 4 BLOCK_K ({inter} against {bk})")
     _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
-                                        num_warps=nw, num_stages=ns, **cuda_launch.flags(act.device))
+                                        num_warps=nw, num_stages=ns, **cuda_launch.flags(act.device),
+                                        **({"EARLY_W": True} if down_early else {}))
     return y
 
 
