@@ -163,14 +163,14 @@ if triton is not None:
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 av = tl.load(act_ptr + pair * I + offs_k).to(tl.float32)
                 if k0 == 0:
-                    wv = w0
+                    wb = w0
                 elif k0 == BLOCK_K:
-                    wv = w1
+                    wb = w1
                 elif k0 == 2 * BLOCK_K:
-                    wv = w2
+                    wb = w2
                 else:
-                    wv = w3
-                acc += wv.to(tl.float32) * av[None, :]
+                    wb = w3
+                acc += wb.to(tl.float32) * av[None, :]
             tl.store(y_ptr + pair * H + offs_n, tl.sum(acc, axis=1), mask=n_ok)
             return
         if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
