@@ -138,7 +138,7 @@ if triton is not None:
     @triton.jit
     def _down_pair(act_ptr, w_ptr, ids_ptr, y_ptr, sh_off, H: tl.constexpr, I: tl.constexpr, E: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY_W: tl.constexpr = False):
-        """EARLY_W (an experiment, off in the model: bench/cuda_ablation.py; I = 4 BLOCK_K): the
+        """EARLY_W (on where I = 4 BLOCK_K: DOWN_EARLY; bench/cuda_ablation.py --arms predict): the
         pair's id and all its weights are read before the wait. The router wrote the ids two
         launches back: this kernel launches only once every gate/up program has passed its own
         wait, i.e. after the router completed (as cuda_stream_moe's down relies on). The same
@@ -317,6 +317,9 @@ if triton is not None:
 # bench/cuda_moe_sweep.py (docs/cuda-history.md); gate/up from `--wide` and the whole forward's A/B
 # (bench/cuda_bench.py --sections gate_up: 0.959x of (8, 512, 4, 3) at 1 row, 0.984x at 4).
 SHARED_FIRST = True   # the shared expert's gate/up programs first, not waiting for the router
+# the down kernel reads its ids and weights before its wait (_down_pair's EARLY_W): 0.983-0.990x at one
+# row, 0.995-0.996x at four on an H100, logits equal (bench/cuda_ablation.py --arms predict, calls 238-239)
+DOWN_EARLY = True
 CONFIG = {"gate_up": (4, 1024, 8, 1), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),
           "combine_norm": 32, "route": 1}   # the last two: warps (bench/cuda_small_sweep.py)
 
@@ -375,10 +378,11 @@ def available(device: torch.device) -> bool:
 
 
 def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, pred=None, pred_blocks=1,
-           down_early=False):
+           down_early=None):
     """The gate/up + SwiGLU and down kernels over every (row, slot) pair -> y [R * slots, H] fp32.
     pred: a predicted id a pair, int32 like ids (-1: none), for _gate_up_act's PRED (pred_blocks
-    of its K blocks); down_early: _down_pair's EARLY_W. Experiments; the model passes neither."""
+    of its K blocks; an experiment, the model passes none). down_early: _down_pair's EARLY_W
+    (None: DOWN_EARLY where the shape allows it)."""
     e, two_i, h = gu_all.shape
     inter = two_i // 2
     n = ids.numel()
@@ -393,6 +397,8 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, pred
                                               **({} if pred is None else {"pred_ptr": pred, "PRED": pred_blocks}))
     y = torch.empty(n, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
+    if down_early is None:
+        down_early = DOWN_EARLY and inter == 4 * bk
     if down_early and inter != 4 * bk:
         raise ValueError(f"down_early needs I = 4 BLOCK_K ({inter} against {bk})")
     _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
