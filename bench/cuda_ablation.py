@@ -112,8 +112,7 @@ class Ablation:
                          self.preds["right"] if "_pred" in arm else None)
         if arm.startswith("fixed"):
             cuda_moe.route_shared = self._live_route
-        if arm != "full":
-            cuda_moe._pairs = self._pairs_pred
+        cuda_moe._pairs = self._pairs_pred   # down_early explicit: `full` is the down kernel waiting first
 
     def _live_route(self, x, rows, n_experts, top_k, norm, early=False):
         """The real router's launch (its ids unused: the chain keeps its latency), fixed ids out."""
