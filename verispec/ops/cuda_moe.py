@@ -136,6 +136,16 @@ if triton is not None:
         tl.store(act_ptr + pair * I + offs_n, act.to(act_ptr.dtype.element_ty), mask=n_ok)
 
     @triton.jit
+    def _down_tile(w_ptr, ids_ptr, sh_off, H: tl.constexpr, I: tl.constexpr, E: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+        """The program's pair, its output columns and their weight rows (the pair's expert id read)."""
+        pair = tl.program_id(0)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        e = tl.load(ids_ptr + pair).to(tl.int64)
+        w_rows = w_ptr + tl.where(e == E, sh_off, e * H * I) + offs_n[:, None].to(tl.int64) * I
+        return pair, offs_n, offs_n < H, w_rows
+
+    @triton.jit
     def _down_pair(act_ptr, w_ptr, ids_ptr, y_ptr, sh_off, H: tl.constexpr, I: tl.constexpr, E: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY_W: tl.constexpr = False):
         """EARLY_W (on where I = 4 BLOCK_K: DOWN_EARLY; bench/cuda_ablation.py --arms predict): the
@@ -143,13 +153,9 @@ if triton is not None:
         launches back: this kernel launches only once every gate/up program has passed its own
         wait, i.e. after the router completed (as cuda_stream_moe's down relies on). The same
         sums in the same order as without it."""
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         if EARLY_W:
-            pair = tl.program_id(0)
-            nb = tl.program_id(1)
-            e = tl.load(ids_ptr + pair).to(tl.int64)
-            offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-            n_ok = offs_n < H
-            w_rows = w_ptr + tl.where(e == E, sh_off, e * H * I) + offs_n[:, None].to(tl.int64) * I
+            pair, offs_n, n_ok, w_rows = _down_tile(w_ptr, ids_ptr, sh_off, H, I, E, BLOCK_N)
             ok = n_ok[:, None]
             w0 = tl.load(w_rows + tl.arange(0, BLOCK_K)[None, :], mask=ok, other=0.0)
             w1 = tl.load(w_rows + BLOCK_K + tl.arange(0, BLOCK_K)[None, :], mask=ok, other=0.0)
@@ -158,10 +164,8 @@ if triton is not None:
             if PDL:
                 gdc_wait()
                 gdc_launch_dependents()
-            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
             for k0 in tl.static_range(0, I, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                av = tl.load(act_ptr + pair * I + offs_k).to(tl.float32)
+                av = tl.load(act_ptr + pair * I + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)
                 if k0 == 0:
                     wb = w0
                 elif k0 == BLOCK_K:
@@ -171,24 +175,17 @@ if triton is not None:
                 else:
                     wb = w3
                 acc += wb.to(tl.float32) * av[None, :]
-            tl.store(y_ptr + pair * H + offs_n, tl.sum(acc, axis=1), mask=n_ok)
-            return
-        if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
-            gdc_wait()
-            gdc_launch_dependents()
-        pair = tl.program_id(0)
-        nb = tl.program_id(1)
-        e = tl.load(ids_ptr + pair).to(tl.int64)
-        offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < H
-        w_rows = w_ptr + tl.where(e == E, sh_off, e * H * I) + offs_n[:, None].to(tl.int64) * I
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, I, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_ok = offs_k < I
-            av = tl.load(act_ptr + pair * I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-            wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-            acc += wv * av[None, :]
+        else:
+            if PDL:   # verispec/ops/cuda_launch.py: nothing is touched before the previous kernel is done
+                gdc_wait()
+                gdc_launch_dependents()
+            pair, offs_n, n_ok, w_rows = _down_tile(w_ptr, ids_ptr, sh_off, H, I, E, BLOCK_N)
+            for k0 in range(0, I, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                k_ok = offs_k < I
+                av = tl.load(act_ptr + pair * I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+                wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+                acc += wv * av[None, :]
         tl.store(y_ptr + pair * H + offs_n, tl.sum(acc, axis=1), mask=n_ok)
 
     @triton.jit
