@@ -86,7 +86,7 @@ class Ablation:
         none = torch.full_like(ids, -1)
         none[:, 8] = 256
         self.preds = {"right": ids, "wrong": wrong, "none": none}
-        self.early, self.pred = False, None
+        self.early, self.pred, self.blocks, self.down_early = False, None, 1, False
 
     def set(self, leave_out: tuple[str, ...]) -> None:
         for (m, n), k in self.kernels.items():
