@@ -14,6 +14,8 @@ arms interleaved within a round):
   down       the same for the expert down kernel
   gemv       the same for the largest decode products' blocks (GEMV_ARMS)
   small      the same for the small kernels' warps and the recurrence's columns per program
+  norm_router  the same for the add + norm + router product's router columns a program and warps
+             (cuda_norm_router.BLOCK_N, WARPS; never swept before the thirty-third session)
   undo       the copy of a kept row's slot into the live state (a rejection's undo), per layer
              against multi-tensor copies
   fusions    the same (1, 3 and 4 rows), with every fusion of verispec/ops/cuda_fusions.py on and
@@ -323,9 +325,10 @@ FUSIONS = ("LOGITS_IN_PRODUCT", "NORM_ROUTER")   # on by default; MOE_TAIL (off)
 def _launch_options():
     """A function that puts the kernels' launch options back as they are now: PDL, the fusions, the
     products', expert and small kernels' settings and the recurrence's (the sections that vary them)."""
-    from verispec.ops import cuda_deltanet, cuda_fusions, cuda_gemv, cuda_launch, cuda_moe, cuda_norms
+    from verispec.ops import cuda_deltanet, cuda_fusions, cuda_gemv, cuda_launch, cuda_moe, cuda_norm_router, cuda_norms
 
     pdl_on, steps = cuda_launch.enabled, cuda_deltanet.STEPS
+    nr = (cuda_norm_router.BLOCK_N, cuda_norm_router.WARPS)
     gemv_cfg, moe_cfg, warps = dict(cuda_gemv.CONFIG), dict(cuda_moe.CONFIG), dict(cuda_norms.WARPS)
     shared_first = cuda_moe.SHARED_FIRST
     fused = {f: getattr(cuda_fusions, f) for f in FUSIONS}
@@ -337,6 +340,7 @@ def _launch_options():
         cuda_moe.CONFIG.update(moe_cfg)
         cuda_moe.SHARED_FIRST = shared_first
         cuda_norms.WARPS.update(warps)
+        cuda_norm_router.BLOCK_N, cuda_norm_router.WARPS = nr
         for f, v in fused.items():
             setattr(cuda_fusions, f, v)
     return restore
@@ -625,6 +629,22 @@ def small(eng: Engine, rounds: int) -> None:
                                       "recurrence (16, 4)": arm(steps=(16, 4))})
 
 
+def norm_router(eng: Engine, rounds: int) -> None:
+    """The add + norm + router product's launch shape (cuda_norm_router.BLOCK_N, WARPS) against
+    cuda_norm_router.CANDIDATES, in the whole graphed forward. Another shape may lay the sums out otherwise,
+    so the logits may differ between arms (each is exact and row-invariant on its own)."""
+    from verispec.ops import cuda_norm_router
+
+    def use(bn, w):
+        def set_():
+            cuda_norm_router.BLOCK_N, cuda_norm_router.WARPS = bn, w
+        return set_
+    now = (cuda_norm_router.BLOCK_N, cuda_norm_router.WARPS)
+    arms = {f"configured {list(now)}": use(*now)}
+    arms.update({str(list(c)): use(*c) for c in cuda_norm_router.CANDIDATES if c != now})
+    graph_arms(eng, rounds, "norm_router", arms, row_counts=(1, 4))
+
+
 def recurrence(eng: Engine, rounds: int) -> None:
     """The recurrence's value columns per program and warps (cuda_deltanet.STEPS), and LINKS (the
     recurrence letting its successor launch before its wait), in the whole graphed forward: whether
@@ -829,6 +849,7 @@ def main() -> int:
              ("down", lambda: moe_blocks(eng, 4 * a.rounds + 4, "down")),
              ("gemv", lambda: gemv_blocks(eng, 4 * a.rounds + 4)),
              ("small", lambda: small(eng, 4 * a.rounds + 4)),
+             ("norm_router", lambda: norm_router(eng, 4 * a.rounds + 4)),
              ("recurrence", lambda: recurrence(eng, 4 * a.rounds + 4)),
              ("rec", lambda: rec(eng, 4 * a.rounds + 4)),
              ("flood", lambda: flood(eng, 4 * a.rounds + 4)),

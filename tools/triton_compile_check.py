@@ -1,4 +1,5 @@
-"""Compile the MoE's Triton kernels for sm_90 at the 35B-A3B shapes, as the model launches them, without a
+"""Compile the MoE's Triton kernels (and the add + norm + router product's, at each launch shape
+bench/cuda_bench.py --sections norm_router tries) for sm_90 at the 35B-A3B shapes, as the model launches them, without a
 GPU (tools/nvrtc_check.py does the same for the CUDA C++ kernels). tools/kernel_check_cpu.py runs their
 logic in Triton's interpreter, which is plain Python: a kernel the GPU compiler rejects (device call 237:
 a constexpr branch's bf16 variable carried into another branch's loop) passes there. This catches that
@@ -22,7 +23,7 @@ try:
 except ImportError:
     sys.exit("triton_compile_check: needs triton (see the docstring)")
 
-from verispec.ops import cuda_moe  # noqa: E402
+from verispec.ops import cuda_moe, cuda_norm_router  # noqa: E402
 
 H, I, E, K = 2048, 512, 256, 9      # hidden, expert width, experts, slots a row (top 8 + the shared expert)
 
@@ -50,6 +51,12 @@ def main() -> int:
     for early in (False, True):
         consts = {"H": H, "I": I, "E": E, "BLOCK_N": bn, "BLOCK_K": bk, "PDL": True, "EARLY_W": early}
         cases.append((f"down EARLY_W {early}", cuda_moe._down_pair, down, consts, nw, ns))
+    nr = {"x_ptr": "*bf16", "h_ptr": "*bf16", "split_stride": "i32", "nw_ptr": "*bf16", "w_ptr": "*bf16",
+          "s_ptr": "*bf16", "y_ptr": "*bf16", "lg_ptr": "*bf16", "eps": "fp32", "N_OUT": "i32"}
+    now = (cuda_norm_router.BLOCK_N, cuda_norm_router.WARPS)
+    for bn, warps in dict.fromkeys((now, *cuda_norm_router.CANDIDATES)):
+        consts = {"H": H, "BLOCK": H, "SPLIT": 1, "BLOCK_N": bn, "PDL": True}
+        cases.append((f"add + norm + router ({bn}, {warps})", cuda_norm_router._add_norm_router, nr, consts, warps, 3))
     failed = 0
     for name, fn, sig, consts, warps, stages in cases:
         try:

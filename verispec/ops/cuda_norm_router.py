@@ -29,6 +29,10 @@ except ImportError:  # pragma: no cover
 
 BLOCK_N = 8      # router columns per program: 33 programs a row for the 264 of the 35B-A3B shape
 WARPS = 16
+# (BLOCK_N, WARPS) candidates that bench/cuda_bench.py --sections norm_router measures against the
+# configured shape (tools/triton_compile_check.py compiles each): fewer warps shorten the two
+# cross-warp reductions after the wait (the norm's sum of squares, the columns' dot products)
+CANDIDATES = ((8, 8), (8, 4), (4, 8), (4, 4), (16, 8), (16, 16))
 
 if triton is not None:
     @triton.jit
