@@ -29,6 +29,10 @@ arms interleaved within a round):
   stream     the same (1, 3 and 4 rows), the mixers' products by the CUDA kernel that requests
              its weights before the wait (cuda_fusions.STREAM) against the Triton products; with
              and without the kernels before them letting them launch early, each STREAM_ARMS
+  coresident the same (1, 3 and 4 rows), the input products on 4 warps (2 slots each) so an output
+             product's CTA fits beside an input product's on an SM (CORESIDENT_ARMS), with and without
+             cuda_launch.LINKS (the recurrence and the attend letting the output product launch while
+             the input product finishes) and a fixed shared-memory carveout, against the default
   stream_moe the expert products by the stream kernels (each STREAM_MOE_ARMS setting) against the
              Triton expert kernels, graphed forward, 1/3/4 rows
   stream_alone  each stream product shape alone (a graph of products with distinct weights, and
@@ -463,6 +467,50 @@ def stream(eng: Engine, rounds: int) -> None:
         sg.CONFIG.update(kept[4])
 
 
+# The input products' shapes on 4 warps of 2 slots (8 slots of 8 KiB a CTA: 78 KiB of shared memory with the
+# conv's sums), the DeltaNet's (its conv: 188 registers a thread) capped at 176, so that an output product's
+# CTA (8 warps of 165 registers, 144 KiB) fits beside one: 22.5 + 43 K registers of 64 K, 222 KiB of 228.
+# "carveout": the stream products prefer all of L1 as shared memory, so an SM is in one configuration for
+# both kernels. (Registers from cuobjdump -res-usage of the NVRTC cubins, on the CPU.)
+IN_4W = {(2048, 12352): (2, 4, 256, 2), (2048, 9216): (2, 4, 256, 2)}
+IN_4W_MAXREG = {(2048, 12352): 176}
+CORESIDENT_ARMS = {"default": {}, "links": {"links": True},
+                   "in_4w, links, carveout": {"CONFIG": IN_4W, "links": True, "carveout": 100},
+                   "in_4w, links": {"CONFIG": IN_4W, "links": True},
+                   "in_4w, carveout": {"CONFIG": IN_4W, "carveout": 100},
+                   "carveout": {"carveout": 100}}
+
+
+def coresident(eng: Engine, rounds: int) -> None:
+    """Whether the output product's weights stream sooner once its CTAs fit beside the input product's
+    (CORESIDENT_ARMS, the stream products in each; docs/cuda.md "From inside the kernels": its CTAs start
+    asking only as the input product's leave). The arms with the default CONFIG give the same logits;
+    IN_4W sums the input products in another order."""
+    from verispec.ops import cuda_fusions, cuda_launch, cuda_stream_gemv as sg
+
+    kept = cuda_fusions.STREAM, dict(sg.CONFIG), cuda_launch.LINKS, dict(sg.MAXREG), sg.CARVEOUT
+
+    def arm(setting):
+        def setup():
+            cuda_fusions.STREAM = True
+            cuda_launch.LINKS = setting.get("links", kept[2])
+            sg.CONFIG.clear()
+            sg.CONFIG.update(kept[1])
+            sg.CONFIG.update(setting.get("CONFIG", {}))
+            sg.MAXREG.clear()
+            sg.MAXREG.update(IN_4W_MAXREG if "CONFIG" in setting else kept[3])
+            sg.CARVEOUT = setting.get("carveout", kept[4])
+        return setup
+    try:
+        graph_arms(eng, rounds, "coresident", {k: arm(v) for k, v in CORESIDENT_ARMS.items()}, row_counts=(1, 3, 4))
+    finally:
+        cuda_fusions.STREAM, cuda_launch.LINKS, sg.CARVEOUT = kept[0], kept[2], kept[4]
+        sg.CONFIG.clear()
+        sg.CONFIG.update(kept[1])
+        sg.MAXREG.clear()
+        sg.MAXREG.update(kept[3])
+
+
 # small_smem: 128 + 64 KiB of slots, so a down CTA fits beside a gate/up CTA on an SM
 STREAM_MOE_ARMS = {"stream_moe": {}, "stream_moe_small_smem": {"GSPW": 2, "DSPW": 1},
                    "stream_moe_dspw1": {"DSPW": 1}}
@@ -843,6 +891,7 @@ def main() -> int:
              ("shared_first", lambda: shared_first(eng, 4 * a.rounds + 4)),
              ("moe_tail", lambda: moe_tail(eng, 4 * a.rounds + 4)),
              ("stream", lambda: stream(eng, 4 * a.rounds + 4)),
+             ("coresident", lambda: coresident(eng, 4 * a.rounds + 4)),
              ("stream_alone", lambda: stream_alone(10 * a.rounds)),
              ("stream_moe", lambda: stream_moe(eng, 4 * a.rounds + 4)),
              ("gate_up", lambda: moe_blocks(eng, 4 * a.rounds + 4, "gate_up")),

@@ -142,3 +142,42 @@ def test_request_options_and_stamps_keep_the_bits(stream_on, k, n):
         assert bool((recs[:, 3] <= recs[:, 4]).all() and (recs[:, 4] <= recs[:, 6]).all() and (recs[:, 5] > 0).all())
     finally:
         sg.PRE, sg.PACE, sg.EVF, sg.STAMPS = kept
+
+
+@needs_bindings
+def test_coresident_settings(stream_on, monkeypatch):
+    """bench/cuda_bench.py --sections coresident's settings: the input products on 4 warps with a register
+    cap (MAXREG) and a fixed carveout. A 4-warp product sums in another order than the 8-warp one (close to
+    it), and its rows stay invariant: every row count equals the 16-row launch and each row alone, in a
+    CUDA graph too; the conv epilogue's plain columns equal the 4-warp product's; a register cap and the
+    carveout move no bit."""
+    from cuda_cases import conv_runs
+    sg = cuda_stream_gemv
+    torch.manual_seed(11)
+    k, n, c = 2048, 12352, 8192
+    w, x = _rand(n, k) * k ** -0.5, _rand(16, k)
+    eight = cuda_gemv.linear_rows(x, w)
+    monkeypatch.setitem(sg.CONFIG, (k, n), (2, 4, 256, 2))
+    four = cuda_gemv.linear_rows(x, w)
+    assert not torch.equal(four, eight)
+    assert (four.float() - eight.float()).norm() / eight.float().norm() < 4e-3
+    monkeypatch.setitem(sg.MAXREG, (k, n), 176)
+    monkeypatch.setattr(sg, "CARVEOUT", 100)
+    full = cuda_gemv.linear_rows(x, w)
+    assert torch.equal(full, four)
+    for m in ROWS:
+        got = cuda_gemv.linear_rows(x[:m], w)
+        assert torch.equal(got, full[:m]), m
+        assert all(torch.equal(got[i:i + 1], cuda_gemv.linear_rows(x[i:i + 1], w)) for i in range(m)), m
+    cuda_gemv.linear_rows(x[:3], w)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        graphed = cuda_gemv.linear_rows(x[:3], w)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graphed, full[:3])
+    cw, ring0 = _rand(c, 4) * 0.5, _rand(c, 3)
+    for m in (1, 4, 16):
+        fused, y, _, _, _ = conv_runs(x, w, cw, ring0, m)
+        assert torch.equal(fused[:, c:], full[:m, c:]) and torch.equal(y, full[:m]), m

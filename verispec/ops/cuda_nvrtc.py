@@ -84,9 +84,12 @@ def sm_count(device: torch.device) -> int:
     return _sms[i]
 
 
-def compile_kernel(device: torch.device, source: str, name: str, defines: dict, smem: int, text: str | None = None):
+def compile_kernel(device: torch.device, source: str, name: str, defines: dict, smem: int, text: str | None = None,
+                   carveout: int | None = None):
     """The function `name` of the package file `source` (or of `text`, named `source`: a benchmark's
-    probe kernel), compiled for device with -D defines, allowed `smem` bytes of dynamic shared memory."""
+    probe kernel), compiled for device with -D defines, allowed `smem` bytes of dynamic shared memory.
+    carveout: the percent of the SM's unified L1 + shared memory it prefers as shared memory (the
+    driver's choice where None); an SM holds CTAs of two kernels at once only in one configuration."""
     torch.zeros(1, device=device)     # the device's primary context made current: the module loads into it
     major, minor = torch.cuda.get_device_capability(device)
     files = resources.files(__package__)
@@ -112,6 +115,9 @@ def compile_kernel(device: torch.device, source: str, name: str, defines: dict, 
     fn = ok(cu.cuModuleGetFunction(module, name.encode()), "cuModuleGetFunction")
     ok(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
        "cuFuncSetAttribute")
+    if carveout is not None:
+        ok(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                 carveout), "cuFuncSetAttribute(carveout)")
     return fn
 
 

@@ -43,8 +43,11 @@
 // memory system at a time while the kernels before this one run (their loads queue behind ours).
 // EVF: the copies ask L2 to evict the weights first (they are read once a step).
 //
+// MAXREG (0: the compiler's choice): registers a thread at most, so that a CTA fits beside another
+// kernel's on an SM (bench/cuda_bench.py --sections coresident).
+//
 // Compiled at run time by NVRTC (cuda_stream_gemv.py) with -D for K, CG, WARPS, KC, SPW, CONV,
-// TRIG, TMA2D, PRE, PACE and EVF. bf16 is handled as its bits (cuda_device.cuh).
+// TRIG, TMA2D, PRE, PACE, EVF and MAXREG. bf16 is handled as its bits (cuda_device.cuh).
 
 #include "cuda_device.cuh"
 
@@ -56,6 +59,14 @@
 #endif
 #ifndef EVF
 #define EVF 0
+#endif
+#ifndef MAXREG
+#define MAXREG 0
+#endif
+#if MAXREG
+#define STREAM_BOUNDS __maxnreg__(MAXREG)
+#else
+#define STREAM_BOUNDS __launch_bounds__(THREADS, 1)
 #endif
 
 constexpr int THREADS = 32 * WARPS;
@@ -70,7 +81,7 @@ static_assert(K % WARPS == 0 && KW % KC == 0 && KC % 32 == 0, "units tile a warp
 static_assert(CG == 1 || CG == 2, "8 or 16 columns a task");
 static_assert(THREADS >= 16 * TC / 2, "the reduction: two elements a thread at most");
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void STREAM_BOUNDS
 stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, int xs, const bf16* w, bf16* out,
             int R, int N,
             bf16* ring, const bf16* __restrict__ cw, const u64* tab, int C, int save, int pdl, u64* stamps)

@@ -33,6 +33,10 @@ TMA2D = 1               # a unit as one 2D TMA tile (1) or a bulk copy per colum
 PRE: int | None = None
 PACE = 0
 EVF = 0
+# (K, N) -> registers a thread at most (cuda_stream_gemv.cu's MAXREG; absent: the compiler's choice), so a
+# CTA fits beside another product's on an SM (bench/cuda_bench.py --sections coresident)
+MAXREG: dict[tuple[int, int], int] = {}
+CARVEOUT: int | None = None   # cuda_nvrtc.compile_kernel's carveout for every shape (None: the driver's choice)
 STAMPS: torch.Tensor | None = None   # a u64 buffer: the kernel built with per-CTA stamps (bench/cuda_stamps.py)
 
 _kernels: dict = {}
@@ -76,7 +80,7 @@ def available(device: torch.device) -> bool:
     """cuda_nvrtc.available, and the kernel compiled once for this device (a first shape): where
     NVRTC cannot build it, the Triton products run (said once on stderr)."""
     (k, n), cfg = next(iter(CONFIG.items()))
-    return cuda_nvrtc.builds(device, _builds, lambda: _kernel(device, k, cfg, False, 0), "the CUDA C++ products")
+    return cuda_nvrtc.builds(device, _builds, lambda: _kernel(device, k, cfg, False, 0, n), "the CUDA C++ products")
 
 
 def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -88,17 +92,19 @@ def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 and w.is_contiguous() and w.data_ptr() % 16 == 0)
 
 
-def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int):
+def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int, n: int):
     cg, warps, kc, spw = cfg
     pre = spw if PRE is None else min(PRE, spw)
     stamps = int(STAMPS is not None)
-    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, pre, PACE, EVF, stamps)
+    maxreg = MAXREG.get((k, n), 0)
+    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, pre, PACE, EVF, stamps, maxreg, CARVEOUT)
     smem = _smem(*cfg, tasks)
     if key not in _kernels:
         defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG,
-                   "TMA2D": TMA2D, "PRE": pre, "PACE": PACE, "EVF": EVF, "STAMPS": stamps}
+                   "TMA2D": TMA2D, "PRE": pre, "PACE": PACE, "EVF": EVF, "STAMPS": stamps, "MAXREG": maxreg}
         with torch.cuda.device(device):
-            _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", defines, smem)
+            _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", defines, smem,
+                                                      carveout=CARVEOUT)
     return _kernels[key], smem, 32 * warps
 
 
@@ -118,7 +124,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
     tasks = _tasks(n, cfg[0], cuda_nvrtc.sm_count(x.device)) if conv is not None else 0
     if _smem(*cfg, tasks) > SMEM_MAX:
         raise ValueError(f"the conv epilogue's sums do not fit shared memory beside the ring ({_smem(*cfg, tasks)} bytes)")
-    fn, smem, threads = _kernel(x.device, k, cfg, conv is not None, tasks)
+    fn, smem, threads = _kernel(x.device, k, cfg, conv is not None, tasks, n)
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if conv is None:
         ring, cw, tab, c, save = y, y, y, 0, 0
