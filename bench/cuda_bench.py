@@ -471,7 +471,7 @@ def stream(eng: Engine, rounds: int) -> None:
 # conv's sums), the DeltaNet's (its conv: 188 registers a thread) capped at 176, so that an output product's
 # CTA (8 warps of 165 registers, 144 KiB) fits beside one: 22.5 + 43 K registers of 64 K, 222 KiB of 228.
 # "carveout": the stream products prefer all of L1 as shared memory, so an SM is in one configuration for
-# both kernels. (Registers from cuobjdump -res-usage of the NVRTC cubins, on the CPU.)
+# both kernels. (Registers: tools/stream_regs.py, on the CPU.)
 IN_4W = {(2048, 12352): (2, 4, 256, 2), (2048, 9216): (2, 4, 256, 2)}
 IN_4W_MAXREG = {(2048, 12352): 176}
 CORESIDENT_ARMS = {"default": {}, "links": {"links": True},
