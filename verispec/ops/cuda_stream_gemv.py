@@ -69,11 +69,13 @@ def config(k: int, n: int) -> tuple | None:
 
 def conv_fits(w: torch.Tensor, channels: int) -> bool:
     """Whether a product with w carries the conv of its first `channels` columns: whole tasks of
-    conv columns, and their sums beside the ring in shared memory."""
+    conv columns, their sums beside the ring in shared memory, and a thread for each conv column
+    of a CTA's tasks (the kernel's conv runs a thread a column: fewer threads would skip columns)."""
     cfg = config(w.shape[1], w.shape[0])
     if cfg is None or channels % (8 * cfg[0]):
         return False
-    return _smem(*cfg, _tasks(w.shape[0], cfg[0], cuda_nvrtc.sm_count(w.device))) <= SMEM_MAX
+    tasks = _tasks(w.shape[0], cfg[0], cuda_nvrtc.sm_count(w.device))
+    return _smem(*cfg, tasks) <= SMEM_MAX and tasks * 8 * cfg[0] <= 32 * cfg[1]
 
 
 def available(device: torch.device) -> bool:
