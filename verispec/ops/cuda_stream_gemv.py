@@ -63,7 +63,7 @@ def config(k: int, n: int) -> tuple | None:
         return None
     cg, warps, kc, spw = cfg
     ok = (k % warps == 0 and (k // warps) % kc == 0 and kc % 32 == 0 and n % (8 * cg) == 0
-          and _smem(*cfg) <= SMEM_MAX)
+          and cg in (1, 2) and 32 * warps >= 8 * 8 * cg and _smem(*cfg) <= SMEM_MAX)   # the kernel's static_asserts
     return cfg if ok else None
 
 
