@@ -12,12 +12,9 @@ import re
 import subprocess
 import sys
 import tempfile
-from importlib import resources
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from cuda.bindings import nvrtc  # noqa: E402
-
 from verispec.ops import cuda_nvrtc, cuda_stream_gemv  # noqa: E402
 
 CUOBJDUMP = next((c for c in (Path(p) / "triton/backends/nvidia/bin/cuobjdump" for p in sys.path) if c.exists()), None)
@@ -35,18 +32,8 @@ def registers(k: int, cfg: tuple, conv: bool, maxreg: int) -> int:
     cg, warps, kc, spw = cfg
     defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": 1, "TMA2D": 1,
                "PRE": spw, "PACE": 0, "EVF": 0, "STAMPS": 0, "MAXREG": maxreg}
-    pkg = resources.files("verispec.ops")
-    src = pkg.joinpath("cuda_stream_gemv.cu").read_text()
-    headers = [pkg.joinpath(h).read_text().encode() for h in cuda_nvrtc.HEADERS]
-    prog = cuda_nvrtc.ok(nvrtc.nvrtcCreateProgram(src.encode(), b"cuda_stream_gemv.cu", len(headers), headers,
-                                                  [h.encode() for h in cuda_nvrtc.HEADERS]), "create")
-    opts = [b"--gpu-architecture=sm_90", b"-std=c++17"] + [f"-D{a}={b}".encode() for a, b in defines.items()]
-    if int(nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]) != 0:
-        raise RuntimeError(f"compile failed: {defines}")
-    cubin = b" " * cuda_nvrtc.ok(nvrtc.nvrtcGetCUBINSize(prog), "cubinsize")
-    nvrtc.nvrtcGetCUBIN(prog, cubin)
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
-        f.write(cubin)
+        f.write(cuda_nvrtc.cubin((9, 0), "cuda_stream_gemv.cu", defines))
         f.flush()
         out = subprocess.run([str(CUOBJDUMP), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
     return int(re.search(r"REG:(\d+)", out).group(1))

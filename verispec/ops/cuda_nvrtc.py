@@ -84,20 +84,15 @@ def sm_count(device: torch.device) -> int:
     return _sms[i]
 
 
-def compile_kernel(device: torch.device, source: str, name: str, defines: dict, smem: int, text: str | None = None,
-                   carveout: int | None = None):
-    """The function `name` of the package file `source` (or of `text`, named `source`: a benchmark's
-    probe kernel), compiled for device with -D defines, allowed `smem` bytes of dynamic shared memory.
-    carveout: the percent of the SM's unified L1 + shared memory it prefers as shared memory (the
-    driver's choice where None); an SM holds CTAs of two kernels at once only in one configuration."""
-    torch.zeros(1, device=device)     # the device's primary context made current: the module loads into it
-    major, minor = torch.cuda.get_device_capability(device)
+def cubin(arch: tuple[int, int], source: str, defines: dict, text: str | None = None) -> bytes:
+    """The cubin NVRTC builds for sm_<arch> from the package file `source` (or from `text`, named
+    `source`) with -D defines; no GPU needed (tools/nvrtc_check.py, tools/stream_regs.py)."""
     files = resources.files(__package__)
     src = text if text is not None else files.joinpath(source).read_text()
     headers = [files.joinpath(h).read_text().encode() for h in HEADERS]
     prog = ok(nvrtc.nvrtcCreateProgram(src.encode(), source.encode(), len(HEADERS), headers,
                                        [h.encode() for h in HEADERS]), "nvrtcCreateProgram")
-    opts = [f"--gpu-architecture=sm_{major}{minor}", "-std=c++17", "-lineinfo"]
+    opts = [f"--gpu-architecture=sm_{arch[0]}{arch[1]}", "-std=c++17", "-lineinfo"]
     opts += [f"-D{k}={v}" for k, v in defines.items()]
     opts = [o.encode() for o in opts]
     status = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
@@ -107,11 +102,22 @@ def compile_kernel(device: torch.device, source: str, name: str, defines: dict, 
         nvrtc.nvrtcGetProgramLog(prog, log)
         raise RuntimeError(f"compiling {source} failed:\n{log.decode(errors='replace')}")
     size = ok(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-    cubin = b" " * size
-    ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+    out = b" " * size
+    ok(nvrtc.nvrtcGetCUBIN(prog, out), "nvrtcGetCUBIN")
     nvrtc.nvrtcDestroyProgram(prog)
+    return out
+
+
+def compile_kernel(device: torch.device, source: str, name: str, defines: dict, smem: int, text: str | None = None,
+                   carveout: int | None = None):
+    """The function `name` of the package file `source` (or of `text`, named `source`: a benchmark's
+    probe kernel), compiled for device with -D defines, allowed `smem` bytes of dynamic shared memory.
+    carveout: the percent of the SM's unified L1 + shared memory it prefers as shared memory (the
+    driver's choice where None); an SM holds CTAs of two kernels at once only in one configuration."""
+    torch.zeros(1, device=device)     # the device's primary context made current: the module loads into it
+    built = cubin(torch.cuda.get_device_capability(device), source, defines, text)
     ok(cu.cuInit(0), "cuInit")
-    module = ok(cu.cuModuleLoadData(cubin), "cuModuleLoadData")
+    module = ok(cu.cuModuleLoadData(built), "cuModuleLoadData")
     fn = ok(cu.cuModuleGetFunction(module, name.encode()), "cuModuleGetFunction")
     ok(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
        "cuFuncSetAttribute")
