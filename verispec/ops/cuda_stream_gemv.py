@@ -67,15 +67,21 @@ def config(k: int, n: int) -> tuple | None:
     return cfg if ok else None
 
 
+def _conv_tasks(cfg: tuple, n: int, device: torch.device) -> int | None:
+    """The most tasks a CTA takes for a product of N = n with the conv epilogue, or None where the
+    epilogue does not fit: the tasks' sums beside the ring in shared memory, and a thread for each
+    conv column of a CTA's tasks (the kernel's conv runs a thread a column: fewer would skip columns)."""
+    tasks = _tasks(n, cfg[0], cuda_nvrtc.sm_count(device))
+    return tasks if _smem(*cfg, tasks) <= SMEM_MAX and tasks * 8 * cfg[0] <= 32 * cfg[1] else None
+
+
 def conv_fits(w: torch.Tensor, channels: int) -> bool:
     """Whether a product with w carries the conv of its first `channels` columns: whole tasks of
-    conv columns, their sums beside the ring in shared memory, and a thread for each conv column
-    of a CTA's tasks (the kernel's conv runs a thread a column: fewer threads would skip columns)."""
+    conv columns, and the epilogue fitting a CTA (_conv_tasks)."""
     cfg = config(w.shape[1], w.shape[0])
     if cfg is None or channels % (8 * cfg[0]):
         return False
-    tasks = _tasks(w.shape[0], cfg[0], cuda_nvrtc.sm_count(w.device))
-    return _smem(*cfg, tasks) <= SMEM_MAX and tasks * 8 * cfg[0] <= 32 * cfg[1]
+    return _conv_tasks(cfg, w.shape[0], w.device) is not None
 
 
 def available(device: torch.device) -> bool:
@@ -123,9 +129,10 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
     if conv is not None and (conv.ring.shape[0] % tc or conv.weight.shape[1] != 4
                              or not (conv.ring.is_contiguous() and conv.weight.is_contiguous())):
         raise ValueError("the conv epilogue needs C a multiple of the task's columns and kernel 4")
-    tasks = _tasks(n, cfg[0], cuda_nvrtc.sm_count(x.device)) if conv is not None else 0
-    if _smem(*cfg, tasks) > SMEM_MAX:
-        raise ValueError(f"the conv epilogue's sums do not fit shared memory beside the ring ({_smem(*cfg, tasks)} bytes)")
+    tasks = _conv_tasks(cfg, n, x.device) if conv is not None else 0
+    if tasks is None:
+        raise ValueError("the conv epilogue does not fit a CTA: its sums beside the ring in shared memory, "
+                         "or a thread for each of its conv columns")
     fn, smem, threads = _kernel(x.device, k, cfg, conv is not None, tasks, n)
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if conv is None:
