@@ -437,34 +437,36 @@ STREAM_ARMS = {"stream": {}, "stream_not_early": {"early": False},
                                            (2048, 9216): (2, 8, 128, 6)}}}
 
 
-def stream(eng: Engine, rounds: int) -> None:
-    """The stream products (verispec/ops/cuda_stream_gemv.py) in each STREAM_ARMS setting against the
-    Triton products, in the graphed forward (1, 3, 4 rows). The arms with the default CONFIG must
-    give the first arm's logits; the Triton arm and other CONFIGs sum in other orders."""
+def stream(eng: Engine, rounds: int, key: str = "stream", arms: dict | None = None, triton: bool = True) -> None:
+    """The stream products (verispec/ops/cuda_stream_gemv.py) in each setting of arms (STREAM_ARMS) against
+    the Triton products (triton), in the graphed forward (1, 3, 4 rows). A setting may set "early", "TRIG",
+    "TMA2D", "links", "CONFIG", "MAXREG" and "carveout"; the rest stays as it is. The arms with the default
+    CONFIG must give the first arm's logits; the Triton arm and other CONFIGs sum in other orders."""
     from verispec.ops import cuda_fusions, cuda_launch, cuda_stream_gemv as sg
 
-    kept = cuda_fusions.STREAM, cuda_launch.EARLY_STREAM, sg.TRIG, sg.TMA2D, dict(sg.CONFIG), cuda_launch.LINKS
+    kept = (cuda_fusions.STREAM, cuda_launch.EARLY_STREAM, sg.TRIG, sg.TMA2D, dict(sg.CONFIG), cuda_launch.LINKS,
+            dict(sg.MAXREG), sg.CARVEOUT)
 
-    def arm(setting):
-        def setup():
-            cuda_fusions.STREAM = setting is not None
-            cuda_launch.EARLY_STREAM, sg.TRIG, sg.TMA2D = kept[1:4]
-            cuda_launch.LINKS = (setting or {}).get("links", kept[5])
-            sg.CONFIG.clear()
-            sg.CONFIG.update(kept[4])
-            if setting is not None:
-                cuda_launch.EARLY_STREAM = setting.get("early", kept[1])
-                sg.TRIG, sg.TMA2D = setting.get("TRIG", kept[2]), setting.get("TMA2D", kept[3])
-                sg.CONFIG.update(setting.get("CONFIG", {}))
-        return setup
-    try:
-        graph_arms(eng, rounds, "stream", {**{k: arm(v) for k, v in STREAM_ARMS.items()}, "triton": arm(None)},
-                   row_counts=(1, 3, 4))
-    finally:
-        cuda_fusions.STREAM, cuda_launch.EARLY_STREAM, sg.TRIG, sg.TMA2D = kept[:4]
-        cuda_launch.LINKS = kept[5]
+    def put(setting):
+        cuda_fusions.STREAM = setting is not None
+        setting = setting or {}
+        cuda_launch.EARLY_STREAM = setting.get("early", kept[1])
+        sg.TRIG, sg.TMA2D = setting.get("TRIG", kept[2]), setting.get("TMA2D", kept[3])
+        cuda_launch.LINKS = setting.get("links", kept[5])
         sg.CONFIG.clear()
-        sg.CONFIG.update(kept[4])
+        sg.CONFIG.update({**kept[4], **setting.get("CONFIG", {})})
+        sg.MAXREG.clear()
+        sg.MAXREG.update({**kept[6], **setting.get("MAXREG", {})})
+        sg.CARVEOUT = setting.get("carveout", kept[7])
+
+    graphed = {k: (lambda v=v: put(v)) for k, v in (STREAM_ARMS if arms is None else arms).items()}
+    if triton:
+        graphed["triton"] = lambda: put(None)
+    try:
+        graph_arms(eng, rounds, key, graphed, row_counts=(1, 3, 4))
+    finally:
+        put({})
+        cuda_fusions.STREAM = kept[0]
 
 
 # The input products' shapes on 4 warps of 2 slots (8 slots of 8 KiB a CTA: 78 KiB of shared memory with the
@@ -472,43 +474,20 @@ def stream(eng: Engine, rounds: int) -> None:
 # CTA (8 warps of 165 registers, 144 KiB) fits beside one: 22.5 + 43 K registers of 64 K, 222 KiB of 228.
 # "carveout": the stream products prefer all of L1 as shared memory, so an SM is in one configuration for
 # both kernels. (Registers: tools/stream_regs.py, on the CPU.)
-IN_4W = {(2048, 12352): (2, 4, 256, 2), (2048, 9216): (2, 4, 256, 2)}
-IN_4W_MAXREG = {(2048, 12352): 176}
+IN_4W = {"CONFIG": {(2048, 12352): (2, 4, 256, 2), (2048, 9216): (2, 4, 256, 2)}, "MAXREG": {(2048, 12352): 176}}
 CORESIDENT_ARMS = {"default": {}, "links": {"links": True},
-                   "in_4w, links, carveout": {"CONFIG": IN_4W, "links": True, "carveout": 100},
-                   "in_4w, links": {"CONFIG": IN_4W, "links": True},
-                   "in_4w, carveout": {"CONFIG": IN_4W, "carveout": 100},
+                   "in_4w, links, carveout": {**IN_4W, "links": True, "carveout": 100},
+                   "in_4w, links": {**IN_4W, "links": True},
+                   "in_4w, carveout": {**IN_4W, "carveout": 100},
                    "carveout": {"carveout": 100}}
 
 
 def coresident(eng: Engine, rounds: int) -> None:
     """Whether the output product's weights stream sooner once its CTAs fit beside the input product's
-    (CORESIDENT_ARMS, the stream products in each; docs/cuda.md "From inside the kernels": its CTAs start
-    asking only as the input product's leave). The arms with the default CONFIG give the same logits;
-    IN_4W sums the input products in another order."""
-    from verispec.ops import cuda_fusions, cuda_launch, cuda_stream_gemv as sg
-
-    kept = cuda_fusions.STREAM, dict(sg.CONFIG), cuda_launch.LINKS, dict(sg.MAXREG), sg.CARVEOUT
-
-    def arm(setting):
-        def setup():
-            cuda_fusions.STREAM = True
-            cuda_launch.LINKS = setting.get("links", kept[2])
-            sg.CONFIG.clear()
-            sg.CONFIG.update(kept[1])
-            sg.CONFIG.update(setting.get("CONFIG", {}))
-            sg.MAXREG.clear()
-            sg.MAXREG.update(IN_4W_MAXREG if "CONFIG" in setting else kept[3])
-            sg.CARVEOUT = setting.get("carveout", kept[4])
-        return setup
-    try:
-        graph_arms(eng, rounds, "coresident", {k: arm(v) for k, v in CORESIDENT_ARMS.items()}, row_counts=(1, 3, 4))
-    finally:
-        cuda_fusions.STREAM, cuda_launch.LINKS, sg.CARVEOUT = kept[0], kept[2], kept[4]
-        sg.CONFIG.clear()
-        sg.CONFIG.update(kept[1])
-        sg.MAXREG.clear()
-        sg.MAXREG.update(kept[3])
+    (CORESIDENT_ARMS through stream(); docs/cuda.md "From inside the kernels": its CTAs start asking only as
+    the input product's leave). The arms with the default CONFIG give the same logits; IN_4W sums the input
+    products in another order."""
+    stream(eng, rounds, "coresident", CORESIDENT_ARMS, triton=False)
 
 
 # small_smem: 128 + 64 KiB of slots, so a down CTA fits beside a gate/up CTA on an SM

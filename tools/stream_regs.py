@@ -15,16 +15,20 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from cuda_bench import IN_4W  # noqa: E402
+
 from verispec.ops import cuda_nvrtc, cuda_stream_gemv  # noqa: E402
 
 CUOBJDUMP = next((c for c in (Path(p) / "triton/backends/nvidia/bin/cuobjdump" for p in sys.path) if c.exists()), None)
 # (name, K, N, config, conv, MAXREG): the configured products, and the coresident section's input products
+_IN, _CAP = IN_4W["CONFIG"], IN_4W["MAXREG"]
 CASES = [("input (DeltaNet, conv), configured", 2048, 12352, None, True, 0),
          ("input (attention), configured", 2048, 9216, None, False, 0),
          ("output, configured", 4096, 2048, None, False, 0),
-         ("input (DeltaNet, conv), 4 warps", 2048, 12352, (2, 4, 256, 2), True, 0),
-         ("input (DeltaNet, conv), 4 warps, MAXREG 176", 2048, 12352, (2, 4, 256, 2), True, 176),
-         ("input (attention), 4 warps", 2048, 9216, (2, 4, 256, 2), False, 0)]
+         ("input (DeltaNet, conv), coresident, uncapped", 2048, 12352, _IN[(2048, 12352)], True, 0),
+         ("input (DeltaNet, conv), coresident", 2048, 12352, _IN[(2048, 12352)], True, _CAP.get((2048, 12352), 0)),
+         ("input (attention), coresident", 2048, 9216, _IN[(2048, 9216)], False, _CAP.get((2048, 9216), 0))]
 SMS = 132
 
 
