@@ -11,6 +11,12 @@ launch sits between them and the kernel writing it, read it while that kernel st
 values are racy, not only wrong; its time stands. Eighteenth session, call 132.) The time an arm saves is what
 those launches cost where they sit in the chain (their own work, their boundary and what the kernels
 around them could not overlap), which is what folding them away, or making them faster, could win.
+Every arm but `no_router` runs the real router's launch and then reads fixed valid expert ids (as
+the predict arms' `fixed` does): a left-out kernel leaves garbage activations, and ids routed from
+them could send every row to the same experts (call 115: the 4-row arms read fewer bytes) or, in
+`no_gate_up`, reach the down kernel unwritten (it reads its ids before its wait, DOWN_EARLY, which
+is safe only because gate/up sits between it and the router: call 290's illegal address). With
+fixed ids every arm reads the same weight bytes.
 Arms interleaved, medians; 1 row (and 4 with --rows 1,4).
 
   python3 bench/cuda_ablation.py --rounds 20 --out $OUT
@@ -88,10 +94,12 @@ class Ablation:
         self.preds = {"right": ids, "wrong": wrong, "none": none}
         self.early, self.pred, self.blocks, self.down_early = False, None, 1, False
 
-    def set(self, leave_out: tuple[str, ...]) -> None:
+    def set(self, leave_out: tuple[str, ...], fixed_ids: bool = False) -> None:
         for (m, n), k in self.kernels.items():
             setattr(m, n, k)
         cuda_moe.route_shared, cuda_nvrtc.launch, cuda_moe._pairs = self.route_shared, self.launch, self.pairs
+        if fixed_ids and "router" not in leave_out:
+            cuda_moe.route_shared = self._live_route
         for name in leave_out:
             if name == "router":
                 cuda_moe.route_shared = self._fixed_route
@@ -158,7 +166,7 @@ def main() -> int:
     arms |= {"no_small": SMALL, "no_small_nor": SMALL + ("add_norm_router",), "no_gate_up": ("gate_up",),
              "no_down": ("down",), "no_stream_products": ("stream_products",)}
     try:
-        cb.graph_arms(eng, a.rounds, "ablation", {k: (lambda v=v: abl.set(v)) for k, v in arms.items()},
+        cb.graph_arms(eng, a.rounds, "ablation", {k: (lambda v=v: abl.set(v, fixed_ids=True)) for k, v in arms.items()},
                       row_counts=tuple(int(r) for r in a.rows.split(",")))
     finally:
         abl.set(())
