@@ -37,6 +37,8 @@ arms interleaved within a round):
              Triton expert kernels, graphed forward, 1/3/4 rows
   stream_alone  each stream product shape alone (a graph of products with distinct weights, and
              the output product behind the DeltaNet's gated norm) against the Triton product
+  l2next     the same (1 and 4 rows), each layer's output product asking L2 for the next layer's
+             input product's weights, the experts' loads evict-first (L2NEXT_ARMS; an experiment)
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -763,6 +765,49 @@ def flood(eng: Engine, rounds: int) -> None:
         sg.PRE, sg.PACE, sg.EVF = kept
 
 
+# (prefetch: None / "after" / "before" the product's wait, the next weight's rows past its slots or "all",
+#  an evict-last policy on the prefetch, the experts' and stream products' loads evict-first)
+L2NEXT_ARMS = {"off": (None, True, False, False), "evict first": (None, True, False, True),
+               "after": ("after", True, False, True), "before": ("before", True, False, True),
+               "after, evict last": ("after", True, True, True), "after, all": ("after", False, False, True),
+               "after, no hints": ("after", True, False, False)}
+
+
+def l2next(eng: Engine, rounds: int) -> None:
+    """Each layer's output product asks the copy engine to bring the next layer's input product's
+    weights into L2 (cuda_stream_gemv.L2_NEXT, an experiment): between the two the DRAM idles
+    through the recurrence, the norms and the router (bench/cuda_timeline.py, call 290), and the
+    input product streams only its first slots into shared memory before its wait. With the
+    experts' weights loaded evict-first (cuda_moe.EVW) so their 57 MB a layer do not push the
+    prefetched lines out. Nothing here moves a value: every arm's logits must equal `off`'s."""
+    from verispec.ops import cuda_moe, cuda_stream_gemv as sg
+
+    layers = eng.model.layers
+    pairs = [(a.mixer.out, b.mixer.w_in if hasattr(b.mixer, "w_in") else b.mixer.w_qkv)
+             for a, b in zip(layers, layers[1:])]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 132
+    plans = {skip: sg.l2_plan(pairs, sms, skip_slots=skip) for skip in (True, False)}
+    for skip, plan in plans.items():
+        log(f"[l2next] {'past the slots' if skip else 'all'}: {len(plan)} of {len(pairs)} output products prefetch "
+            f"{sum(b for _, b in plan.values()) / len(plan) / 1e6 if plan else 0:.1f} MB each")
+    kept = sg.L2_NEXT, sg.L2AT, sg.L2EL, sg.EVF, cuda_moe.EVW
+
+    def arm(setting):
+        where, skip, last, evf = setting
+
+        def set_():
+            sg.L2_NEXT = plans[skip] if where else {}
+            sg.L2AT = 0 if where == "before" else 1
+            sg.L2EL = int(last)
+            sg.EVF = int(evf)
+            cuda_moe.EVW = "evict_first" if evf else ""
+        return set_
+    try:
+        graph_arms(eng, rounds, "l2next", {k: arm(v) for k, v in L2NEXT_ARMS.items()})
+    finally:
+        sg.L2_NEXT, sg.L2AT, sg.L2EL, sg.EVF, cuda_moe.EVW = kept
+
+
 def undo(eng: Engine, rounds: int) -> None:
     """The undo after a rejected draft under CUDA graphs (State.commit with copy_commit): the
     kept row's copy slot copied into the live state, every layer: two copies per layer, one
@@ -884,6 +929,7 @@ def main() -> int:
              ("rec", lambda: rec(eng, 4 * a.rounds + 4)),
              ("flood", lambda: flood(eng, 4 * a.rounds + 4)),
              ("links", lambda: links(eng, 4 * a.rounds + 4)),
+             ("l2next", lambda: l2next(eng, 4 * a.rounds + 4)),
              ("undo", lambda: undo(eng, 10 * a.rounds)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:

@@ -181,3 +181,52 @@ def test_coresident_settings(stream_on, monkeypatch):
     for m in (1, 4, 16):
         fused, y, _, _, _ = conv_runs(x, w, cw, ring0, m)
         assert torch.equal(fused[:, c:], full[:m, c:]) and torch.equal(y, full[:m]), m
+
+
+@needs_bindings
+def test_l2_prefetch_and_evict_first_keep_the_bits(stream_on):
+    """bench/cuda_bench.py --sections l2next: an output product asking L2 for another weight (L2_NEXT,
+    before or after its wait, with or without an evict-last policy) and the expert kernels' evict-first
+    loads (cuda_moe.EVW) change where bytes sit, not a value: the product, and the MoE's experts, equal
+    the defaults bit for bit at 1, 3 and 16 rows, eager and graphed; the prefetched weight is untouched."""
+    from verispec.ops import cuda_moe
+    sg = cuda_stream_gemv
+    torch.manual_seed(5)
+    w, x = _rand(2048, 4096) * 4096 ** -0.5, _rand(16, 4096)
+    nxt = _rand(12352, 2048)
+    nxt_copy = nxt.clone()
+    want = {m: cuda_gemv.linear_rows(x[:m], w) for m in (1, 3, 16)}
+    kept = dict(sg.L2_NEXT), sg.L2AT, sg.L2EL
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    try:
+        for skip in (True, False):
+            sg.L2_NEXT = sg.l2_plan([(w, nxt)], sms, skip_slots=skip)
+            assert w.data_ptr() in sg.L2_NEXT
+            for at, el in [(1, 0), (0, 0), (1, 1), (0, 1)]:
+                sg.L2AT, sg.L2EL = at, el
+                for m, ref in want.items():
+                    assert torch.equal(cuda_gemv.linear_rows(x[:m], w), ref), (skip, at, el, m)
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    graphed = cuda_gemv.linear_rows(x[:3], w)
+                g.replay()
+                torch.cuda.synchronize()
+                assert torch.equal(graphed, want[3]), (skip, at, el)
+        assert torch.equal(nxt, nxt_copy)
+    finally:
+        sg.L2_NEXT, sg.L2AT, sg.L2EL = kept
+    # the experts with evict-first loads: gate/up and down (with and without EARLY_W)
+    e, inter, h = 16, 512, 2048
+    gu, dn = _rand(e, 2 * inter, h) * h ** -0.5, _rand(e, h, inter) * inter ** -0.5
+    xe = _rand(4, h)
+    ids = torch.randint(0, e, (4, 8), device="cuda", dtype=torch.int32)
+    for early in (False, True):
+        ref = cuda_moe._pairs(xe, ids.reshape(-1), gu, dn, 8, None, None, down_early=early)
+        kept_evw = cuda_moe.EVW
+        try:
+            cuda_moe.EVW = "evict_first"
+            got = cuda_moe._pairs(xe, ids.reshape(-1), gu, dn, 8, None, None, down_early=early)
+        finally:
+            cuda_moe.EVW = kept_evw
+        assert torch.equal(got, ref), early

@@ -34,3 +34,30 @@ def test_config_refuses_what_the_kernel_cannot_build(monkeypatch):
     assert cuda_stream_gemv.config(K, N) is not None      # 8 columns a task: 64 threads suffice
     monkeypatch.setitem(cuda_stream_gemv.CONFIG, (K, N), (4, 8, 256, 1))
     assert cuda_stream_gemv.config(K, N) is None          # 32 columns a task
+
+
+def test_l2_plan_names_the_rows_a_product_reads_after_its_wait(monkeypatch):
+    """cuda_stream_gemv.l2_plan (bench/cuda_bench.py --sections l2next): tasks of TC columns are dealt to
+    G CTAs in turn and each CTA requests its first PRE // UPW tasks before its wait, so the rows read after
+    it are exactly those of tasks t >= (PRE // UPW) * G, counted here by dealing the tasks one by one."""
+    sg = cuda_stream_gemv
+    out = torch.empty(2048, 4096, dtype=torch.bfloat16)
+    for (k, n), sms in [((K, N), 132), ((K, N), 78), ((2048, 9216), 132)]:
+        nxt = torch.empty(n, k, dtype=torch.bfloat16)
+        cg, warps, kc, spw = sg.CONFIG[(k, n)]
+        tc, upw = 8 * cg, (k // warps) // kc
+        for pre in (None, 1, 2):
+            monkeypatch.setattr(sg, "PRE", pre)
+            ahead = (spw if pre is None else min(pre, spw)) // upw
+            g = min(n // tc, sms)
+            late = [t for t in range(n // tc) if t // g >= ahead]      # CTA t % g's (t // g)-th task
+            plan = sg.l2_plan([(out, nxt)], sms)
+            if not late:
+                assert plan == {}
+                continue
+            assert late == list(range(late[0], n // tc))                # the weight's last rows
+            assert plan == {out.data_ptr(): (nxt.data_ptr() + late[0] * tc * k * 2, len(late) * tc * k * 2)}
+            assert sg.l2_plan([(out, nxt)], sms, skip_slots=False) == {out.data_ptr(): (nxt.data_ptr(), n * k * 2)}
+    # a weight the kernel does not take (no configuration, or not bf16) is left out
+    assert sg.l2_plan([(out, torch.empty(100, 2048, dtype=torch.bfloat16))], 132) == {}
+    assert sg.l2_plan([(out, torch.empty(N, K, dtype=torch.float32))], 132) == {}

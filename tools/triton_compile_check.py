@@ -46,11 +46,16 @@ def main() -> int:
             consts = {"I": I, "H": H, "TOP_K": K, "E": E, "BLOCK_N": bn, "BLOCK_K": bk, "SHARED_FIRST": first,
                       "PDL": True, "PRED": pred}
             cases.append((f"gate/up shared first {first}, PRED {pred}", cuda_moe._gate_up_act, sig, consts, nw, ns))
+    cases.append(("gate/up shared first, EVW evict_first", cuda_moe._gate_up_act, gate_up,
+                  {"I": I, "H": H, "TOP_K": K, "E": E, "BLOCK_N": bn, "BLOCK_K": bk, "SHARED_FIRST": True, "PDL": True,
+                   "EVW": "evict_first"}, nw, ns))
     bn, bk, nw, ns = cuda_moe.CONFIG["down"]
     down = {"act_ptr": "*bf16", "w_ptr": "*bf16", "ids_ptr": "*i32", "y_ptr": "*fp32", "sh_off": "i64"}
     for early in (False, True):
         consts = {"H": H, "I": I, "E": E, "BLOCK_N": bn, "BLOCK_K": bk, "PDL": True, "EARLY_W": early}
         cases.append((f"down EARLY_W {early}", cuda_moe._down_pair, down, consts, nw, ns))
+        cases.append((f"down EARLY_W {early}, EVW evict_first", cuda_moe._down_pair, down,
+                      {**consts, "EVW": "evict_first"}, nw, ns))
     nr = {"x_ptr": "*bf16", "h_ptr": "*bf16", "split_stride": "i32", "nw_ptr": "*bf16", "w_ptr": "*bf16",
           "s_ptr": "*bf16", "y_ptr": "*bf16", "lg_ptr": "*bf16", "eps": "fp32", "N_OUT": "i32"}
     now = (cuda_norm_router.BLOCK_N, cuda_norm_router.WARPS)

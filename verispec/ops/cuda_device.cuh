@@ -52,6 +52,22 @@ __device__ __forceinline__ u64 evict_first_policy() {
     return p;
 }
 
+__device__ __forceinline__ u64 evict_last_policy() {
+    u64 p;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+// the copy engine brings [src, src + bytes) into L2 (no shared memory, no completion to wait for);
+// bytes a multiple of 16
+__device__ __forceinline__ void l2_prefetch(const void* src, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void l2_prefetch_hint(const void* src, unsigned bytes, u64 policy) {
+    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" :: "l"(src), "r"(bytes), "l"(policy)
+                 : "memory");
+}
+
 // c += a . b: a the 16 x 16 row-slot tile, b a 16 x 8 weight tile, fp32 accumulation
 __device__ __forceinline__ void mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                                     unsigned b1) {

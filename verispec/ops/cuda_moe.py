@@ -32,7 +32,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["R"])
     def _gate_up_act(x_ptr, w_ptr, ids_ptr, act_ptr, sh_off, R, I: tl.constexpr, H: tl.constexpr, TOP_K: tl.constexpr,
                      E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SHARED_FIRST: tl.constexpr,
-                     PDL: tl.constexpr, pred_ptr=None, PRED: tl.constexpr = False):
+                     PDL: tl.constexpr, pred_ptr=None, PRED: tl.constexpr = False, EVW: tl.constexpr = ""):
         """SHARED_FIRST (each row's last slot is the shared expert, id E): the R rows' shared
         pairs first among the pairs; their programs need nothing from the router (the kernel
         before this one: its input x is older, their expert is fixed), so they skip the wait
@@ -123,8 +123,8 @@ if triton is not None:
                 k_ok = offs_k < H
                 xv = tl.load(x_ptr + row * H + offs_k, mask=k_ok, other=0.0).to(tl.float32)
                 m = n_ok[:, None] & k_ok[None, :]
-                wg = tl.load(g_rows + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
-                wu = tl.load(u_rows + offs_k[None, :], mask=m, other=0.0).to(tl.float32)
+                wg = tl.load(g_rows + offs_k[None, :], mask=m, other=0.0, eviction_policy=EVW).to(tl.float32)
+                wu = tl.load(u_rows + offs_k[None, :], mask=m, other=0.0, eviction_policy=EVW).to(tl.float32)
                 acc_g += wg * xv[None, :]
                 acc_u += wu * xv[None, :]
         g_sum = tl.sum(acc_g, axis=1)
@@ -147,7 +147,8 @@ if triton is not None:
 
     @triton.jit
     def _down_pair(act_ptr, w_ptr, ids_ptr, y_ptr, sh_off, H: tl.constexpr, I: tl.constexpr, E: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY_W: tl.constexpr = False):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY_W: tl.constexpr = False,
+                   EVW: tl.constexpr = ""):
         """EARLY_W (on where I = 4 BLOCK_K: DOWN_EARLY; bench/cuda_ablation.py --arms predict): the
         pair's id and all its weights are read before the wait. The router wrote the ids two
         launches back: this kernel launches only once every gate/up program has passed its own
@@ -157,10 +158,10 @@ if triton is not None:
         if EARLY_W:
             pair, offs_n, n_ok, w_rows = _down_tile(w_ptr, ids_ptr, sh_off, H, I, E, BLOCK_N)
             ok = n_ok[:, None]
-            w0 = tl.load(w_rows + tl.arange(0, BLOCK_K)[None, :], mask=ok, other=0.0)
-            w1 = tl.load(w_rows + BLOCK_K + tl.arange(0, BLOCK_K)[None, :], mask=ok, other=0.0)
-            w2 = tl.load(w_rows + 2 * BLOCK_K + tl.arange(0, BLOCK_K)[None, :], mask=ok, other=0.0)
-            w3 = tl.load(w_rows + 3 * BLOCK_K + tl.arange(0, BLOCK_K)[None, :], mask=ok, other=0.0)
+            w0 = tl.load(w_rows + tl.arange(0, BLOCK_K)[None, :], mask=ok, other=0.0, eviction_policy=EVW)
+            w1 = tl.load(w_rows + BLOCK_K + tl.arange(0, BLOCK_K)[None, :], mask=ok, other=0.0, eviction_policy=EVW)
+            w2 = tl.load(w_rows + 2 * BLOCK_K + tl.arange(0, BLOCK_K)[None, :], mask=ok, other=0.0, eviction_policy=EVW)
+            w3 = tl.load(w_rows + 3 * BLOCK_K + tl.arange(0, BLOCK_K)[None, :], mask=ok, other=0.0, eviction_policy=EVW)
             if PDL:
                 gdc_wait()
                 gdc_launch_dependents()
@@ -184,7 +185,8 @@ if triton is not None:
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 k_ok = offs_k < I
                 av = tl.load(act_ptr + pair * I + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-                wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+                wv = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0,
+                             eviction_policy=EVW).to(tl.float32)
                 acc += wv * av[None, :]
         tl.store(y_ptr + pair * H + offs_n, tl.sum(acc, axis=1), mask=n_ok)
 
@@ -317,6 +319,10 @@ SHARED_FIRST = True   # the shared expert's gate/up programs first, not waiting 
 # the down kernel reads its ids and weights before its wait (_down_pair's EARLY_W): 0.983-0.990x at one
 # row, 0.995-0.996x at four on an H100, logits equal (bench/cuda_ablation.py --arms predict, calls 238-239)
 DOWN_EARLY = True
+# an experiment, off (""): the experts' weights loaded with this L2 eviction policy ("evict_first": read
+# once a step, they should not push out what cuda_stream_gemv.L2_NEXT asked into L2; bench/cuda_bench.py
+# --sections l2next)
+EVW = ""
 CONFIG = {"gate_up": (4, 1024, 8, 1), "down": (8, 128, 8, 3), "combine": (256, 0, 8, 1),
           "combine_norm": 32, "route": 1}   # the last two: warps (bench/cuda_small_sweep.py)
 
@@ -391,7 +397,8 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, pred
     _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h,
                                               TOP_K=pairs_per_row, E=e, BLOCK_N=bn, BLOCK_K=bk, SHARED_FIRST=first,
                                               num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device),
-                                              **({} if pred is None else {"pred_ptr": pred, "PRED": pred_blocks}))
+                                              **({} if pred is None else {"pred_ptr": pred, "PRED": pred_blocks}),
+                                              **({"EVW": EVW} if EVW else {}))
     y = torch.empty(n, h, dtype=torch.float32, device=x.device)
     bn, bk, nw, ns = CONFIG["down"]
     if down_early is None:
@@ -400,7 +407,7 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, pred
         raise ValueError(f"down_early needs I = 4 BLOCK_K ({inter} against {bk})")
     _down_pair[(n, triton.cdiv(h, bn))](act, down_all, ids, y, dn_off, h, inter, E=e, BLOCK_N=bn, BLOCK_K=bk,
                                         num_warps=nw, num_stages=ns, **cuda_launch.flags(act.device),
-                                        **({"EARLY_W": True} if down_early else {}))
+                                        **({"EARLY_W": True} if down_early else {}), **({"EVW": EVW} if EVW else {}))
     return y
 
 

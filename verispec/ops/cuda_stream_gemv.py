@@ -38,6 +38,12 @@ EVF = 0
 MAXREG: dict[tuple[int, int], int] = {}
 CARVEOUT: int | None = None   # cuda_nvrtc.compile_kernel's carveout for every shape (None: the driver's choice)
 STAMPS: torch.Tensor | None = None   # a u64 buffer: the kernel built with per-CTA stamps (bench/cuda_stamps.py)
+# An experiment, off (empty): a weight's data_ptr -> (address, bytes) of another product's weights that the
+# kernel asks into L2 while it runs (cuda_stream_gemv.cu's L2; l2_plan builds it; bench/cuda_bench.py
+# --sections l2next), before its wait (L2AT 0) or after it (1), with an evict-last policy (L2EL 1) or none.
+L2_NEXT: dict[int, tuple[int, int]] = {}
+L2AT = 1
+L2EL = 0
 
 _kernels: dict = {}
 _builds: dict = {}      # device index -> whether the kernel compiled there
@@ -105,11 +111,13 @@ def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int, n:
     pre = spw if PRE is None else min(PRE, spw)
     stamps = int(STAMPS is not None)
     maxreg = MAXREG.get((k, n), 0)
-    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, pre, PACE, EVF, stamps, maxreg, CARVEOUT)
+    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, pre, PACE, EVF, stamps, maxreg, CARVEOUT, L2AT,
+           L2EL)
     smem = _smem(*cfg, tasks)
     if key not in _kernels:
         defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG,
-                   "TMA2D": TMA2D, "PRE": pre, "PACE": PACE, "EVF": EVF, "STAMPS": stamps, "MAXREG": maxreg}
+                   "TMA2D": TMA2D, "PRE": pre, "PACE": PACE, "EVF": EVF, "STAMPS": stamps, "MAXREG": maxreg,
+                   "L2AT": L2AT, "L2EL": L2EL}
         with torch.cuda.device(device):
             _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", defines, smem,
                                                       carveout=CARVEOUT)
@@ -146,7 +154,30 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
             ctypes.c_void_p(y.data_ptr()), ctypes.c_int(rows), ctypes.c_int(n), ctypes.c_void_p(ring.data_ptr()),
             ctypes.c_void_p(cw.data_ptr()), ctypes.c_void_p(tab.data_ptr()), ctypes.c_int(c), ctypes.c_int(save),
             ctypes.c_int(int(pdl)), ctypes.c_void_p(STAMPS.data_ptr() if STAMPS is not None else 0)]
+    l2p, l2n = L2_NEXT.get(w.data_ptr(), (0, 0))
+    args += [ctypes.c_void_p(l2p), ctypes.c_uint64(l2n)]
     grid = min(n // tc, cuda_nvrtc.sm_count(x.device))
     cuda_nvrtc.launch(fn, smem, threads, grid, torch.cuda.current_stream(x.device).cuda_stream, pdl, args,
                       "stream_gemv")
     return y
+
+
+def l2_plan(pairs, sms: int, skip_slots: bool = True) -> dict[int, tuple[int, int]]:
+    """L2_NEXT for (weight, next weight) pairs: while the product with `weight` runs, the bytes of
+    `next weight` that its own product cannot request before its wait (the rows of the tasks past
+    the first PRE // UPW of each CTA: tasks are dealt to CTAs in turn, so those are the weight's last
+    rows) are asked into L2; all of it where skip_slots is False. A next weight this kernel does not
+    take is left out."""
+    plan = {}
+    for w, nxt in pairs:
+        cfg = config(nxt.shape[1], nxt.shape[0])
+        if cfg is None or not nxt.is_contiguous() or nxt.dtype != torch.bfloat16 or nxt.data_ptr() % 16:
+            continue
+        cg, warps, kc, spw = cfg
+        n, k, tc = nxt.shape[0], nxt.shape[1], 8 * cfg[0]
+        upw = (k // warps) // kc
+        ahead = (spw if PRE is None else min(PRE, spw)) // upw     # tasks a CTA has requested before its wait
+        skip = min(n, ahead * min(n // tc, sms) * tc) if skip_slots else 0
+        if skip < n:
+            plan[w.data_ptr()] = (nxt.data_ptr() + skip * k * 2, (n - skip) * k * 2)
+    return plan
