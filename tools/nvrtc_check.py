@@ -30,8 +30,8 @@ ok &= build("cuda_stream_gemv.cu", dict(K=2048, CG=2, WARPS=8, KC=256, SPW=3, CO
 ok &= build("cuda_stream_gemv.cu", dict(K=4096, CG=2, WARPS=8, KC=256, SPW=2, CONV=0, TRIG=1, TMA2D=1, PRE=1, PACE=0,
                                         EVF=0))
 ok &= build("cuda_stream_gemv.cu", dict(K=2048, CG=2, WARPS=8, KC=256, SPW=3, CONV=1, TRIG=1, TMA2D=1, STAMPS=1))
-ok &= build("cuda_stream_gemv.cu", dict(K=4096, CG=2, WARPS=8, KC=256, SPW=2, CONV=0, TRIG=1, TMA2D=1, L2AT=0, L2EL=1))
-ok &= build("cuda_stream_gemv.cu", dict(K=4096, CG=2, WARPS=8, KC=256, SPW=2, CONV=0, TRIG=1, TMA2D=1, L2AT=1, L2EL=0))
+ok &= build("cuda_stream_gemv.cu", dict(K=4096, CG=2, WARPS=8, KC=256, SPW=2, CONV=0, TRIG=1, TMA2D=1, L2PF=1, L2AT=0, L2EL=1))
+ok &= build("cuda_stream_gemv.cu", dict(K=4096, CG=2, WARPS=8, KC=256, SPW=2, CONV=0, TRIG=1, TMA2D=1, L2PF=1, L2AT=1, L2EL=0))
 ok &= build("cuda_recurrence.cu", dict(HV=32, REP=2, DV=128, WARPS=2, TRIG=1, CB=16, PRE=1, FAST=0, STAMPS=1))
 ok &= build("cuda_moe_tail.cu", dict(HD=2048, ID=512, TOPK=8, NE=256, SLOT=8192, WARPS=8, SPW=3, EXTRA=2048, PHASES=3))
 ok &= build("cuda_stream_moe.cu", dict(H=2048, I=512, S=9, GW=8, GR=8, GSPW=3, DW=8, DSPW=3, TRIG=1))

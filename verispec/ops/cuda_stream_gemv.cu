@@ -43,7 +43,7 @@
 // memory system at a time while the kernels before this one run (their loads queue behind ours).
 // EVF: the copies ask L2 to evict the weights first (they are read once a step).
 //
-// L2 (an experiment, off unless cuda_stream_gemv.L2_NEXT names this weight): l2n bytes from l2p,
+// L2PF (an experiment, built only where cuda_stream_gemv.L2_NEXT names this weight): l2n bytes from l2p,
 // another product's weights (the next layer's input product, read after the MoE between them),
 // split among the CTAs in order, are asked into L2 by the copy engine, before the wait (L2AT 0)
 // or right after it (1), with an evict-last policy (L2EL) or none: the DRAM is nearly idle while
@@ -54,7 +54,7 @@
 // kernel's on an SM (bench/cuda_bench.py --sections coresident).
 //
 // Compiled at run time by NVRTC (cuda_stream_gemv.py) with -D for K, CG, WARPS, KC, SPW, CONV,
-// TRIG, TMA2D, PRE, PACE, EVF, MAXREG, L2AT and L2EL. bf16 is handled as its bits (cuda_device.cuh).
+// TRIG, TMA2D, PRE, PACE, EVF, MAXREG, L2PF, L2AT and L2EL. bf16 is handled as its bits (cuda_device.cuh).
 
 #include "cuda_device.cuh"
 
@@ -69,6 +69,9 @@
 #endif
 #ifndef MAXREG
 #define MAXREG 0
+#endif
+#ifndef L2PF
+#define L2PF 0
 #endif
 #ifndef L2AT
 #define L2AT 1
@@ -138,7 +141,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
 
     // L2: this CTA's share of the l2n bytes (16-byte multiples), in requests of at most 64 KiB
     auto l2_ask = [&]() {
-        if (tid != 0 || l2n == 0) return;
+        if (!L2PF || tid != 0 || l2n == 0) return;
         const u64 share = ((l2n / G) + 15) & ~15ull, lo = share * c, hi = lo + share < l2n ? lo + share : l2n;
         for (u64 a = lo; a < hi; a += 65536) {
             const unsigned b = (unsigned)(hi - a < 65536 ? hi - a : 65536);
@@ -157,7 +160,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
         issue(i);
         if (PACE && i + 1 < NPRE && i + 1 < TW) mbar_wait(&mfull[i], 0);
     }
-    if (L2AT == 0) l2_ask();
+    if (L2PF && L2AT == 0) l2_ask();
     // CONV: this CTA's first ncv tasks are conv columns; thread t < ncv * TC keeps column t's conv
     // weights (read before the wait: weights) and ring (after it) in registers
     const int ncv = CONV && c * TC < C ? min(nt, (C / TC - 1 - c) / G + 1) : 0;
@@ -172,7 +175,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
         asm volatile("griddepcontrol.wait;" ::: "memory");
         if (TRIG) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     }
-    if (L2AT == 1) l2_ask();
+    if (L2PF && L2AT == 1) l2_ask();
     const u64 st1 = STAMPS ? gtimer() : 0;
     u64 st2 = 0;                              // STAMPS: when this warp's first unit had landed
     for (int i = NPRE; i < SPW && i < TW; ++i) issue(i);

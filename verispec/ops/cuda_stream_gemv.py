@@ -106,18 +106,19 @@ def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 and w.is_contiguous() and w.data_ptr() % 16 == 0)
 
 
-def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int, n: int):
+def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int, n: int, l2: bool = False):
     cg, warps, kc, spw = cfg
     pre = spw if PRE is None else min(PRE, spw)
     stamps = int(STAMPS is not None)
     maxreg = MAXREG.get((k, n), 0)
-    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, pre, PACE, EVF, stamps, maxreg, CARVEOUT, L2AT,
-           L2EL)
+    l2at, l2el = (L2AT, L2EL) if l2 else (0, 0)    # without a prefetch the kernel is built as before L2PF
+    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, pre, PACE, EVF, stamps, maxreg, CARVEOUT, l2,
+           l2at, l2el)
     smem = _smem(*cfg, tasks)
     if key not in _kernels:
         defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG,
                    "TMA2D": TMA2D, "PRE": pre, "PACE": PACE, "EVF": EVF, "STAMPS": stamps, "MAXREG": maxreg,
-                   "L2AT": L2AT, "L2EL": L2EL}
+                   **({"L2PF": 1, "L2AT": l2at, "L2EL": l2el} if l2 else {})}
         with torch.cuda.device(device):
             _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", defines, smem,
                                                       carveout=CARVEOUT)
@@ -141,7 +142,8 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
     if tasks is None:
         raise ValueError("the conv epilogue does not fit a CTA: its sums beside the ring in shared memory, "
                          "or a thread for each of its conv columns")
-    fn, smem, threads = _kernel(x.device, k, cfg, conv is not None, tasks, n)
+    l2p, l2n = L2_NEXT.get(w.data_ptr(), (0, 0))
+    fn, smem, threads = _kernel(x.device, k, cfg, conv is not None, tasks, n, l2=l2n > 0)
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     if conv is None:
         ring, cw, tab, c, save = y, y, y, 0, 0
@@ -154,7 +156,6 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
             ctypes.c_void_p(y.data_ptr()), ctypes.c_int(rows), ctypes.c_int(n), ctypes.c_void_p(ring.data_ptr()),
             ctypes.c_void_p(cw.data_ptr()), ctypes.c_void_p(tab.data_ptr()), ctypes.c_int(c), ctypes.c_int(save),
             ctypes.c_int(int(pdl)), ctypes.c_void_p(STAMPS.data_ptr() if STAMPS is not None else 0)]
-    l2p, l2n = L2_NEXT.get(w.data_ptr(), (0, 0))
     args += [ctypes.c_void_p(l2p), ctypes.c_uint64(l2n)]
     grid = min(n // tc, cuda_nvrtc.sm_count(x.device))
     cuda_nvrtc.launch(fn, smem, threads, grid, torch.cuda.current_stream(x.device).cuda_stream, pdl, args,
