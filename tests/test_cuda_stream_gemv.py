@@ -22,6 +22,18 @@ def _rand(*shape):
     return torch.randn(*shape, device="cuda").to(BF)
 
 
+def _graphed(fn):
+    """fn() run eagerly once, then captured in a CUDA graph and replayed: the graph's output."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 @pytest.fixture
 def stream_on():
     kept = cuda_fusions.STREAM, cuda_launch.EARLY_STREAM
@@ -169,14 +181,7 @@ def test_coresident_settings(stream_on, monkeypatch):
         got = cuda_gemv.linear_rows(x[:m], w)
         assert torch.equal(got, full[:m]), m
         assert all(torch.equal(got[i:i + 1], cuda_gemv.linear_rows(x[i:i + 1], w)) for i in range(m)), m
-    cuda_gemv.linear_rows(x[:3], w)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        graphed = cuda_gemv.linear_rows(x[:3], w)
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(graphed, full[:3])
+    assert torch.equal(_graphed(lambda: cuda_gemv.linear_rows(x[:3], w)), full[:3])
     cw, ring0 = _rand(c, 4) * 0.5, _rand(c, 3)
     for m in (1, 4, 16):
         fused, y, _, _, _ = conv_runs(x, w, cw, ring0, m)
@@ -206,13 +211,7 @@ def test_l2_prefetch_and_evict_first_keep_the_bits(stream_on):
                 sg.L2AT, sg.L2EL = at, el
                 for m, ref in want.items():
                     assert torch.equal(cuda_gemv.linear_rows(x[:m], w), ref), (skip, at, el, m)
-                torch.cuda.synchronize()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    graphed = cuda_gemv.linear_rows(x[:3], w)
-                g.replay()
-                torch.cuda.synchronize()
-                assert torch.equal(graphed, want[3]), (skip, at, el)
+                assert torch.equal(_graphed(lambda: cuda_gemv.linear_rows(x[:3], w)), want[3]), (skip, at, el)
         assert torch.equal(nxt, nxt_copy)
     finally:
         sg.L2_NEXT, sg.L2AT, sg.L2EL = kept
