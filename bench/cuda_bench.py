@@ -780,12 +780,15 @@ def l2next(eng: Engine, rounds: int) -> None:
     input product streams only its first slots into shared memory before its wait. With the
     experts' weights loaded evict-first (cuda_moe.EVW) so their 57 MB a layer do not push the
     prefetched lines out. Nothing here moves a value: every arm's logits must equal `off`'s."""
-    from verispec.ops import cuda_moe, cuda_stream_gemv as sg
+    from verispec.ops import cuda_moe, cuda_nvrtc, cuda_stream_gemv as sg
 
+    if DEVICE != "cuda":
+        log("[l2next] skipped: no CUDA GPU")
+        return
     layers = eng.model.layers
     pairs = [(a.mixer.out, b.mixer.w_in if hasattr(b.mixer, "w_in") else b.mixer.w_qkv)
              for a, b in zip(layers, layers[1:])]
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 132
+    sms = cuda_nvrtc.sm_count(torch.device("cuda"))
     plans = {skip: sg.l2_plan(pairs, sms, skip_slots=skip) for skip in (True, False)}
     for skip, plan in plans.items():
         log(f"[l2next] {'past the slots' if skip else 'all'}: {len(plan)} of {len(pairs)} output products prefetch "

@@ -141,7 +141,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
 
     // L2: this CTA's share of the l2n bytes (16-byte multiples), in requests of at most 64 KiB
     auto l2_ask = [&]() {
-        if (!L2PF || tid != 0 || l2n == 0) return;
+        if (tid != 0 || l2n == 0) return;
         const u64 share = ((l2n / G) + 15) & ~15ull, lo = share * c, hi = lo + share < l2n ? lo + share : l2n;
         for (u64 a = lo; a < hi; a += 65536) {
             const unsigned b = (unsigned)(hi - a < 65536 ? hi - a : 65536);

@@ -106,9 +106,14 @@ def fits(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 and w.is_contiguous() and w.data_ptr() % 16 == 0)
 
 
+def _pre(spw: int) -> int:
+    """Units a warp requests before its wait (the kernel's PRE)."""
+    return spw if PRE is None else min(PRE, spw)
+
+
 def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int, n: int, l2: bool = False):
     cg, warps, kc, spw = cfg
-    pre = spw if PRE is None else min(PRE, spw)
+    pre = _pre(spw)
     stamps = int(STAMPS is not None)
     maxreg = MAXREG.get((k, n), 0)
     l2at, l2el = (L2AT, L2EL) if l2 else (0, 0)    # without a prefetch the kernel is built as before L2PF
@@ -175,9 +180,8 @@ def l2_plan(pairs, sms: int, skip_slots: bool = True) -> dict[int, tuple[int, in
         if cfg is None or not nxt.is_contiguous() or nxt.dtype != torch.bfloat16 or nxt.data_ptr() % 16:
             continue
         cg, warps, kc, spw = cfg
-        n, k, tc = nxt.shape[0], nxt.shape[1], 8 * cfg[0]
-        upw = (k // warps) // kc
-        ahead = (spw if PRE is None else min(PRE, spw)) // upw     # tasks a CTA has requested before its wait
+        n, k, tc = nxt.shape[0], nxt.shape[1], 8 * cg
+        ahead = _pre(spw) // ((k // warps) // kc)     # tasks a CTA has requested before its wait (units / UPW)
         skip = min(n, ahead * min(n // tc, sms) * tc) if skip_slots else 0
         if skip < n:
             plan[w.data_ptr()] = (nxt.data_ptr() + skip * k * 2, (n - skip) * k * 2)
