@@ -50,11 +50,18 @@
 // the recurrence, the norms and the router run, and that product's weights past the slots it can
 // request before its own wait come from L2 then. Only weights are touched; no value changes.
 //
+// REGT (an experiment, 0 off): the units past a warp's SPW slots (the ones requested after the wait) are
+// read by the warp's lanes straight into registers (16-byte loads: ld.global.cs with REGT 1, ld.global.nc
+// with 2), the next such unit's loads in flight while the one before is multiplied, instead of TMA tiles into
+// the freed slots. A burst of 52 MB streamed 3.46 TB/s by register loads against 3.0 by bulk copies on the
+// H200 (bench/cuda_flood_probe.py, calls 135-136). A lane loads exactly the 16 bytes it would read from the
+// slot, so every mma sees the same operands and the bits do not move.
+//
 // MAXREG (0: the compiler's choice): registers a thread at most, so that a CTA fits beside another
 // kernel's on an SM (bench/cuda_bench.py --sections coresident).
 //
 // Compiled at run time by NVRTC (cuda_stream_gemv.py) with -D for K, CG, WARPS, KC, SPW, CONV,
-// TRIG, TMA2D, PRE, PACE, EVF, MAXREG, L2PF, L2AT and L2EL. bf16 is handled as its bits (cuda_device.cuh).
+// TRIG, TMA2D, PRE, PACE, EVF, REGT, MAXREG, L2PF, L2AT and L2EL. bf16 is handled as its bits (cuda_device.cuh).
 
 #include "cuda_device.cuh"
 
@@ -69,6 +76,9 @@
 #endif
 #ifndef MAXREG
 #define MAXREG 0
+#endif
+#ifndef REGT
+#define REGT 0
 #endif
 #ifndef L2PF
 #define L2PF 0
@@ -139,6 +149,20 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
         }
     };
 
+    // REGT: this warp's unit i (past its slots) into registers, each lane the 16 bytes of every step and
+    // column group that it reads from a slot in the loop below (column n, elements 8q.. of step st)
+    auto load_regs = [&](int i, uint4* rb) {
+        const int j = i / UPW, u = i % UPW;
+        const bf16* src = w + (size_t)((c + j * G) * TC + (lane >> 2)) * K + warp * KW + u * KC + (lane & 3) * 8;
+#pragma unroll
+        for (int st = 0; st < STEPS; ++st)
+#pragma unroll
+            for (int g = 0; g < CG; ++g) {
+                const uint4* p4 = reinterpret_cast<const uint4*>(src + (size_t)g * 8 * K + st * 32);
+                rb[st * CG + g] = REGT == 1 ? __ldcs(p4) : __ldg(p4);
+            }
+    };
+
     // L2: this CTA's share of the l2n bytes (16-byte multiples), in requests of at most 64 KiB
     auto l2_ask = [&]() {
         if (tid != 0 || l2n == 0) return;
@@ -179,6 +203,8 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
     const u64 st1 = STAMPS ? gtimer() : 0;
     u64 st2 = 0;                              // STAMPS: when this warp's first unit had landed
     for (int i = NPRE; i < SPW && i < TW; ++i) issue(i);
+    uint4 rb[REGT ? STEPS * CG : 1];          // REGT: the next register unit, in flight
+    if (REGT && SPW < TW) load_regs(SPW, rb);
 
     if (conv_t) {
         r0 = bf2f(__ldcg(ring + cv_col * 3)); r1 = bf2f(__ldcg(ring + cv_col * 3 + 1));
@@ -197,6 +223,23 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
 #pragma unroll
         for (int u = 0; u < UPW; ++u) {
             const int i = j * UPW + u, sl = i % SPW;
+            if (REGT && i >= SPW) {           // a register unit: the next one's loads go out before this one's products
+                uint4 cur[REGT ? STEPS * CG : 1];
+#pragma unroll
+                for (int e = 0; e < (REGT ? STEPS * CG : 1); ++e) cur[e] = rb[e];
+                if (i + 1 < TW) load_regs(i + 1, rb);
+#pragma unroll
+                for (int st = 0; st < STEPS; ++st) {
+                    const uint4 a = xa[u * STEPS + st], b = xb[u * STEPS + st];
+#pragma unroll
+                    for (int g = 0; g < CG; ++g) {
+                        const uint4 wv = cur[REGT ? st * CG + g : 0];
+                        mma(acc[g], a.x, b.x, a.y, b.y, wv.x, wv.y);
+                        mma(acc[g], a.z, b.z, a.w, b.w, wv.z, wv.w);
+                    }
+                }
+                continue;
+            }
             mbar_wait(&mfull[sl], (i / SPW) & 1);
             if (STAMPS && i == 0) st2 = gtimer();
             // column n of group g, elements 8q.. of step st: the B tile's registers (the same
@@ -214,7 +257,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
                 }
             }
             __syncwarp();                     // the slot read: this warp's next unit may overwrite it
-            if (i + SPW < TW) issue(i + SPW);
+            if (!REGT && i + SPW < TW) issue(i + SPW);
         }
         // acc[g]: (row n, columns 8g + 2q, +1) and (row n + 8, the same columns)
         float* pb = part + ((j & 1) * WARPS + warp) * (16 * TC);

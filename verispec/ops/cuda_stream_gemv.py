@@ -33,6 +33,9 @@ TMA2D = 1               # a unit as one 2D TMA tile (1) or a bulk copy per colum
 PRE: int | None = None
 PACE = 0
 EVF = 0
+# An experiment, off (0): the units past a warp's slots read into registers (1: streaming loads, 2: non-coherent
+# loads) instead of TMA tiles into the freed slots (cuda_stream_gemv.cu's REGT; bench/cuda_bench.py --sections regt)
+REGT = 0
 # (K, N) -> registers a thread at most (cuda_stream_gemv.cu's MAXREG; absent: the compiler's choice), so a
 # CTA fits beside another product's on an SM (bench/cuda_bench.py --sections coresident)
 MAXREG: dict[tuple[int, int], int] = {}
@@ -118,12 +121,12 @@ def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int, n:
     maxreg = MAXREG.get((k, n), 0)
     l2at, l2el = (L2AT, L2EL) if l2 else (0, 0)    # without a prefetch the kernel is built as before L2PF
     key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, pre, PACE, EVF, stamps, maxreg, CARVEOUT, l2,
-           l2at, l2el)
+           l2at, l2el, REGT)
     smem = _smem(*cfg, tasks)
     if key not in _kernels:
         defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG,
                    "TMA2D": TMA2D, "PRE": pre, "PACE": PACE, "EVF": EVF, "STAMPS": stamps, "MAXREG": maxreg,
-                   **({"L2PF": 1, "L2AT": l2at, "L2EL": l2el} if l2 else {})}
+                   **({"L2PF": 1, "L2AT": l2at, "L2EL": l2el} if l2 else {}), **({"REGT": REGT} if REGT else {})}
         with torch.cuda.device(device):
             _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", defines, smem,
                                                       carveout=CARVEOUT)
