@@ -39,8 +39,8 @@ arms interleaved within a round):
              the output product behind the DeltaNet's gated norm) against the Triton product
   l2next     the same (1 and 4 rows), each layer's output product asking L2 for the next layer's
              input product's weights, the experts' loads evict-first (L2NEXT_ARMS; an experiment)
-  regt       the same (1, 3 and 4 rows), the stream products' units past their slots read into
-             registers (cuda_stream_gemv.REGT; an experiment)
+  tail       the same (1, 3 and 4 rows), the stream products' units past their slots read into
+             registers, their last tasks dealt by tickets (cuda_stream_gemv.REGT, DYN; experiments)
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -813,25 +813,29 @@ def l2next(eng: Engine, rounds: int) -> None:
         sg.L2_NEXT, sg.L2AT, sg.L2EL, sg.EVF, cuda_moe.EVW = kept
 
 
-def regt(eng: Engine, rounds: int) -> None:
-    """The stream products' units past a warp's slots (the half of a layer's input product requested after
-    its wait) read into registers instead of TMA tiles into the freed slots (cuda_stream_gemv.REGT, an
-    experiment): on the H200 a burst of layer size streamed 3.46 TB/s by register loads against 3.0 by
-    bulk copies (bench/cuda_flood_probe.py, calls 135-136). No value moves: every arm's logits must
-    equal `off`'s."""
+TAIL_ARMS = {"off": (0, False), "registers, streaming": (1, False), "registers, nc": (2, False),
+             "tickets": (0, True), "tickets, registers": (1, True)}
+
+
+def tail(eng: Engine, rounds: int) -> None:
+    """The stream products' work after their wait (experiments, cuda_stream_gemv.REGT and DYN): the units
+    past a warp's slots read into registers instead of TMA tiles into the freed slots (on the H200 a burst
+    of layer size streamed 3.46 TB/s by register loads against 3.0 by bulk copies: bench/cuda_flood_probe.py,
+    calls 135-136), and the tasks past each CTA's first round but one dealt by tickets, so the CTAs whose
+    bytes come sooner take the tail (the input product's CTAs end over 2.4-3.5 us: bench/cuda_stamps.py,
+    call 124). No value moves: every arm's logits must equal `off`'s."""
     from verispec.ops import cuda_stream_gemv as sg
 
-    kept = sg.REGT
+    kept = sg.REGT, sg.DYN
 
-    def arm(v):
+    def arm(setting):
         def set_():
-            sg.REGT = v
+            sg.REGT, sg.DYN = setting
         return set_
     try:
-        graph_arms(eng, rounds, "regt", {"off": arm(0), "registers, streaming": arm(1), "registers, nc": arm(2)},
-                   row_counts=(1, 3, 4))
+        graph_arms(eng, rounds, "tail", {k: arm(v) for k, v in TAIL_ARMS.items()}, row_counts=(1, 3, 4))
     finally:
-        sg.REGT = kept
+        sg.REGT, sg.DYN = kept
 
 
 def undo(eng: Engine, rounds: int) -> None:
@@ -956,7 +960,7 @@ def main() -> int:
              ("flood", lambda: flood(eng, 4 * a.rounds + 4)),
              ("links", lambda: links(eng, 4 * a.rounds + 4)),
              ("l2next", lambda: l2next(eng, 4 * a.rounds + 4)),
-             ("regt", lambda: regt(eng, 4 * a.rounds + 4)),
+             ("tail", lambda: tail(eng, 4 * a.rounds + 4)),
              ("undo", lambda: undo(eng, 10 * a.rounds)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:

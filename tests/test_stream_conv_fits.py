@@ -61,3 +61,24 @@ def test_l2_plan_names_the_rows_a_product_reads_after_its_wait(monkeypatch):
     # a weight the kernel does not take (no configuration, or not bf16) is left out
     assert sg.l2_plan([(out, torch.empty(100, 2048, dtype=torch.bfloat16))], 132) == {}
     assert sg.l2_plan([(out, torch.empty(N, K, dtype=torch.float32))], 132) == {}
+
+
+def test_dyn_static_keeps_the_conv_and_the_first_requests_in_turn():
+    """cuda_stream_gemv.dyn_static (DYN's tasks a CTA takes in turn before the tickets): every conv task
+    and every task a warp may request before it has consumed its first are taken in turn (the kernel's
+    conv needs them, and the first ticket, asked after the wait, is then needed a task later), some tasks
+    are left for tickets, and where none would be left (the output product: a task a CTA) every task is
+    taken in turn (0)."""
+    sg = cuda_stream_gemv
+    cases = {(K, N): C, (2048, 9216): 0, (4096, 2048): 0}
+    assert sg.dyn_static(K, N, sg.CONFIG[(K, N)], 132, C) == 4        # 528 tasks in turn, 244 by tickets
+    assert sg.dyn_static(2048, 9216, sg.CONFIG[(2048, 9216)], 132) == 4   # 528 in turn, 48 by tickets
+    assert sg.dyn_static(4096, 2048, sg.CONFIG[(4096, 2048)], 128) == 0
+    for (k, n), conv in cases.items():
+        cg, warps, kc, spw = cfg = sg.CONFIG[(k, n)]
+        tc, upw = 8 * cg, (k // warps) // kc
+        for sms in range(8, 200):
+            grid = min(n // tc, sms)
+            ns0 = sg.dyn_static(k, n, cfg, grid, conv)
+            if ns0:
+                assert ns0 * grid < n // tc and ns0 * grid * tc >= conv and ns0 > (upw - 1 + spw) // upw, (k, n, sms)

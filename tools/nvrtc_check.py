@@ -35,6 +35,8 @@ ok &= build("cuda_stream_gemv.cu", dict(K=4096, CG=2, WARPS=8, KC=256, SPW=2, CO
 ok &= build("cuda_stream_gemv.cu", dict(K=2048, CG=2, WARPS=8, KC=256, SPW=3, CONV=1, TRIG=1, TMA2D=1, REGT=1))
 ok &= build("cuda_stream_gemv.cu", dict(K=2048, CG=2, WARPS=8, KC=256, SPW=3, CONV=0, TRIG=1, TMA2D=1, REGT=2))
 ok &= build("cuda_stream_gemv.cu", dict(K=4096, CG=2, WARPS=8, KC=256, SPW=2, CONV=0, TRIG=1, TMA2D=1, REGT=1))
+ok &= build("cuda_stream_gemv.cu", dict(K=2048, CG=2, WARPS=8, KC=256, SPW=3, CONV=1, TRIG=1, TMA2D=1, DYN=1))
+ok &= build("cuda_stream_gemv.cu", dict(K=2048, CG=2, WARPS=8, KC=256, SPW=3, CONV=0, TRIG=1, TMA2D=1, DYN=1, REGT=1))
 ok &= build("cuda_recurrence.cu", dict(HV=32, REP=2, DV=128, WARPS=2, TRIG=1, CB=16, PRE=1, FAST=0, STAMPS=1))
 ok &= build("cuda_moe_tail.cu", dict(HD=2048, ID=512, TOPK=8, NE=256, SLOT=8192, WARPS=8, SPW=3, EXTRA=2048, PHASES=3))
 ok &= build("cuda_stream_moe.cu", dict(H=2048, I=512, S=9, GW=8, GR=8, GSPW=3, DW=8, DSPW=3, TRIG=1))

@@ -57,11 +57,19 @@
 // H200 (bench/cuda_flood_probe.py, calls 135-136). A lane loads exactly the 16 bytes it would read from the
 // slot, so every mma sees the same operands and the bits do not move.
 //
+// DYN (an experiment, 0 off; with ns0 > 0): a CTA takes tasks c + j*G for j < ns0 as above, and the
+// rest (ns0*G .. N/TC-1) by tickets from a counter of this call site (dyn_ctr[2*site], in the module:
+// zero at load, put back to zero by the CTA that exits last), so the CTAs that get their bytes sooner
+// take the tail. The first ticket is asked after the wait (a launch of the same site just before this one
+// may still be dealing), each next one a task ahead, by thread 0, and handed to the warps through a
+// ring of 8 in shared memory (tq), AH tasks before the warps request their units. Which CTA computes a task
+// moves no bit (the sums above depend on the task alone); the conv tasks are all static.
+//
 // MAXREG (0: the compiler's choice): registers a thread at most, so that a CTA fits beside another
 // kernel's on an SM (bench/cuda_bench.py --sections coresident).
 //
 // Compiled at run time by NVRTC (cuda_stream_gemv.py) with -D for K, CG, WARPS, KC, SPW, CONV,
-// TRIG, TMA2D, PRE, PACE, EVF, REGT, MAXREG, L2PF, L2AT and L2EL. bf16 is handled as its bits (cuda_device.cuh).
+// TRIG, TMA2D, PRE, PACE, EVF, REGT, DYN, MAXREG, L2PF, L2AT and L2EL. bf16 is handled as its bits (cuda_device.cuh).
 
 #include "cuda_device.cuh"
 
@@ -79,6 +87,9 @@
 #endif
 #ifndef REGT
 #define REGT 0
+#endif
+#ifndef DYN
+#define DYN 0
 #endif
 #ifndef L2PF
 #define L2PF 0
@@ -106,12 +117,21 @@ constexpr int STAGES = WARPS * SPW;
 static_assert(K % WARPS == 0 && KW % KC == 0 && KC % 32 == 0, "units tile a warp's slice");
 static_assert(CG == 1 || CG == 2, "8 or 16 columns a task");
 static_assert(THREADS >= 16 * TC / 2, "the reduction: two elements a thread at most");
+constexpr int AH = (UPW - 1 + SPW) / UPW;   // tasks past the one in hand whose units a warp may request
+
+#if DYN
+__device__ unsigned dyn_ctr[2 * 512];       // DYN: [2 site] tickets taken, [2 site + 1] CTAs exited
+#endif
 
 extern "C" __global__ void STREAM_BOUNDS
 stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, int xs, const bf16* w, bf16* out,
             int R, int N,
             bf16* ring, const bf16* __restrict__ cw, const u64* tab, int C, int save, int pdl, u64* stamps,
-            const unsigned char* l2p, u64 l2n)
+            const unsigned char* l2p, u64 l2n
+#if DYN
+            , int ns0, int site
+#endif
+            )
 {
     const u64 st0 = STAMPS ? gtimer() : 0;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -121,22 +141,48 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
     const int G = gridDim.x, c = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int NT = N / TC;
     const int nt = c < NT ? (NT - 1 - c) / G + 1 : 0;
-    const int TW = nt * UPW;                                        // this warp's units
+    const int TW = nt * UPW;                                        // this warp's units (static)
+#if DYN
+    const bool dyn = ns0 > 0;
+    unsigned* ctr = dyn_ctr + 2 * site;
+    __shared__ int tq[8];                    // the task of CTA-local task j >= ns0 at tq[(j - ns0) & 7] (-1: none)
+    const int D = NT - ns0 * G;              // tasks dealt by tickets
+    unsigned pend = 0;                       // thread 0: the ticket in flight
+    int filled = ns0;                        // thread 0: the next local task to put in the ring
+    // thread 0: the ring up to local task upto, each ticket used as the next one is asked for
+    auto fill = [&](int upto) {
+        for (; filled <= upto; ++filled) {
+            int id = -1;
+            if (pend < (unsigned)D) { id = ns0 * G + (int)pend; pend = atomicAdd(ctr, 1u); }
+            else pend = 0xffffffffu;
+            tq[(filled - ns0) & 7] = id;
+        }
+    };
+    // global task of local task j (-1: this CTA has no task j)
+    auto task_of = [&](int j) { return !dyn ? (j < nt ? c + j * G : -1) : j < ns0 ? c + j * G : tq[(j - ns0) & 7]; };
+#define TASK(j) task_of(j)
+#define HAS_TASK(j) (task_of(j) >= 0)
+#define HAS_UNIT(i) (task_of((i) / UPW) >= 0)
+#else
+#define TASK(j) (c + (j) * G)
+#define HAS_TASK(j) ((j) < nt)
+#define HAS_UNIT(i) ((i) < TW)
+#endif
     unsigned char* mine = smem + warp * SPW * SLOTB;
     u64* mfull = full + warp * SPW;
 
     // this warp's unit i into its slot i % SPW: TMA2D, lane 0 arms the barrier and copies the tile
     // (one request); else lanes 0..TC-1 copy a column each (TC requests of 2*KC bytes)
     auto issue = [&](int i) {
-        const int j = i / UPW, u = i % UPW, sl = i % SPW;
+        const int j = i / UPW, u = i % UPW, sl = i % SPW, tk = TASK(j);
         if (TMA2D) {
             if (lane == 0) {
                 mbar_expect(&mfull[sl], SLOTB);
                 if (EVF)
-                    tile_copy_hint(mine + sl * SLOTB, &tmap, warp * KW + u * KC, (c + j * G) * TC, &mfull[sl],
+                    tile_copy_hint(mine + sl * SLOTB, &tmap, warp * KW + u * KC, tk * TC, &mfull[sl],
                                    evict_first_policy());
                 else
-                    tile_copy(mine + sl * SLOTB, &tmap, warp * KW + u * KC, (c + j * G) * TC, &mfull[sl]);
+                    tile_copy(mine + sl * SLOTB, &tmap, warp * KW + u * KC, tk * TC, &mfull[sl]);
             }
             __syncwarp();
             return;
@@ -144,7 +190,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
         if (lane == 0) mbar_expect(&mfull[sl], SLOTB);
         __syncwarp();
         if (lane < TC) {
-            const size_t col = (size_t)(c + j * G) * TC + lane;
+            const size_t col = (size_t)tk * TC + lane;
             bulk_copy(mine + sl * SLOTB + lane * (2 * KC), w + col * K + warp * KW + u * KC, 2 * KC, &mfull[sl]);
         }
     };
@@ -153,7 +199,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
     // column group that it reads from a slot in the loop below (column n, elements 8q.. of step st)
     auto load_regs = [&](int i, uint4* rb) {
         const int j = i / UPW, u = i % UPW;
-        const bf16* src = w + (size_t)((c + j * G) * TC + (lane >> 2)) * K + warp * KW + u * KC + (lane & 3) * 8;
+        const bf16* src = w + (size_t)(TASK(j) * TC + (lane >> 2)) * K + warp * KW + u * KC + (lane & 3) * 8;
 #pragma unroll
         for (int st = 0; st < STEPS; ++st)
 #pragma unroll
@@ -202,9 +248,18 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
     if (L2PF && L2AT == 1) l2_ask();
     const u64 st1 = STAMPS ? gtimer() : 0;
     u64 st2 = 0;                              // STAMPS: when this warp's first unit had landed
+#if DYN
+    // the first ticket only after the wait: a launch of this site just before this one (a product called
+    // twice in a row, launched early by PDL) deals from the same counter until it completes
+    if (dyn && tid == 0) pend = atomicAdd(ctr, 1u);
+    if (dyn && ns0 <= AH) {                   // (dyn_static keeps ns0 > AH: the first ticket is needed a task later)
+        if (tid == 0) fill(AH);
+        __syncthreads();
+    }
+#endif
     for (int i = NPRE; i < SPW && i < TW; ++i) issue(i);
     uint4 rb[REGT ? STEPS * CG : 1];          // REGT: the next register unit, in flight
-    if (REGT && SPW < TW) load_regs(SPW, rb);
+    if (REGT && HAS_UNIT(SPW)) load_regs(SPW, rb);
 
     if (conv_t) {
         r0 = bf2f(__ldcg(ring + cv_col * 3)); r1 = bf2f(__ldcg(ring + cv_col * 3 + 1));
@@ -216,7 +271,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
     uint4 xa[XS], xb[XS];
     load_a_rows<XS>(x, xs, R, warp * KW, lane, xa, xb);
 
-    for (int j = 0; j < nt; ++j) {
+    for (int j = 0; HAS_TASK(j); ++j) {
         float acc[CG][4];
 #pragma unroll
         for (int g = 0; g < CG; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.f;
@@ -227,7 +282,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
                 uint4 cur[REGT ? STEPS * CG : 1];
 #pragma unroll
                 for (int e = 0; e < (REGT ? STEPS * CG : 1); ++e) cur[e] = rb[e];
-                if (i + 1 < TW) load_regs(i + 1, rb);
+                if (HAS_UNIT(i + 1)) load_regs(i + 1, rb);
 #pragma unroll
                 for (int st = 0; st < STEPS; ++st) {
                     const uint4 a = xa[u * STEPS + st], b = xb[u * STEPS + st];
@@ -257,7 +312,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
                 }
             }
             __syncwarp();                     // the slot read: this warp's next unit may overwrite it
-            if (!REGT && i + SPW < TW) issue(i + SPW);
+            if (!REGT && HAS_UNIT(i + SPW)) issue(i + SPW);
         }
         // acc[g]: (row n, columns 8g + 2q, +1) and (row n + 8, the same columns)
         float* pb = part + ((j & 1) * WARPS + warp) * (16 * TC);
@@ -268,9 +323,15 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
             pb[(n + 8) * TC + 8 * g + 2 * q] = acc[g][2];
             pb[(n + 8) * TC + 8 * g + 2 * q + 1] = acc[g][3];
         }
+#if DYN
+        const int col0 = TASK(j) * TC;        // read before the barrier: its ring slot may be refilled after it
+        if (dyn && tid == 0) fill(j + 1 + AH);   // the tasks the next consumption may request
+#endif
         __syncthreads();                      // (two buffers: the next task's partials go to the other)
         const float* pj = part + (j & 1) * WARPS * (16 * TC);
+#if !DYN
         const int col0 = (c + j * G) * TC;
+#endif
         if (CONV && j < ncv) {                // kept for the conv after the CTA's last conv task
             for (int e = tid; e < 16 * TC; e += THREADS) {
                 float sum = 0.f;
@@ -312,5 +373,11 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
             }
         }
     }
+#if DYN
+    if (dyn && tid == 0) {                    // the last CTA out puts the counter back for the next launch
+        __threadfence();
+        if (atomicAdd(ctr + 1, 1u) == (unsigned)G - 1) { atomicExch(ctr, 0u); atomicExch(ctr + 1, 0u); }
+    }
+#endif
     if (STAMPS) stamp_end(stamps, (u64)N, st0, st1, st2);
 }

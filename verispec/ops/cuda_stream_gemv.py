@@ -36,6 +36,11 @@ EVF = 0
 # An experiment, off (0): the units past a warp's slots read into registers (1: streaming loads, 2: non-coherent
 # loads) instead of TMA tiles into the freed slots (cuda_stream_gemv.cu's REGT; bench/cuda_bench.py --sections regt)
 REGT = 0
+# An experiment, off: the tasks past each CTA's first ns0 dealt by tickets (cuda_stream_gemv.cu's DYN; bench/cuda_bench.py
+# --sections dyn), so that the CTAs whose bytes come sooner take the tail
+DYN = False
+_sites: dict[tuple[int, int], int] = {}   # (device, weight address) -> its counter pair in the module (DYN)
+SITES = 512
 # (K, N) -> registers a thread at most (cuda_stream_gemv.cu's MAXREG; absent: the compiler's choice), so a
 # CTA fits beside another product's on an SM (bench/cuda_bench.py --sections coresident)
 MAXREG: dict[tuple[int, int], int] = {}
@@ -114,6 +119,18 @@ def _pre(spw: int) -> int:
     return spw if PRE is None else min(PRE, spw)
 
 
+def dyn_static(k: int, n: int, cfg: tuple, grid: int, conv_cols: int = 0) -> int:
+    """DYN's ns0, the tasks a CTA takes in turn before the tickets: one round short of all of them (so
+    about a round is dealt by tickets), at least the tasks a warp may request before it has consumed its
+    first (so the first ticket, asked after the wait, is needed a task later) and every conv task; 0 (all
+    in turn) where that leaves no task for tickets."""
+    cg, warps, kc, spw = cfg
+    tc, upw = 8 * cg, (k // warps) // kc
+    nt = n // tc
+    ns0 = max(nt // grid - 1, (upw - 1 + spw) // upw + 1, -(-(conv_cols // tc) // grid))
+    return ns0 if ns0 * grid < nt else 0
+
+
 def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int, n: int, l2: bool = False):
     cg, warps, kc, spw = cfg
     pre = _pre(spw)
@@ -121,12 +138,13 @@ def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int, n:
     maxreg = MAXREG.get((k, n), 0)
     l2at, l2el = (L2AT, L2EL) if l2 else (0, 0)    # without a prefetch the kernel is built as before L2PF
     key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, pre, PACE, EVF, stamps, maxreg, CARVEOUT, l2,
-           l2at, l2el, REGT)
+           l2at, l2el, DYN, REGT)
     smem = _smem(*cfg, tasks)
     if key not in _kernels:
         defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG,
                    "TMA2D": TMA2D, "PRE": pre, "PACE": PACE, "EVF": EVF, "STAMPS": stamps, "MAXREG": maxreg,
-                   **({"L2PF": 1, "L2AT": l2at, "L2EL": l2el} if l2 else {}), **({"REGT": REGT} if REGT else {})}
+                   **({"L2PF": 1, "L2AT": l2at, "L2EL": l2el} if l2 else {}), **({"REGT": REGT} if REGT else {}),
+                   **({"DYN": 1} if DYN else {})}
         with torch.cuda.device(device):
             _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", defines, smem,
                                                       carveout=CARVEOUT)
@@ -166,6 +184,10 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
             ctypes.c_int(int(pdl)), ctypes.c_void_p(STAMPS.data_ptr() if STAMPS is not None else 0)]
     args += [ctypes.c_void_p(l2p), ctypes.c_uint64(l2n)]
     grid = min(n // tc, cuda_nvrtc.sm_count(x.device))
+    if DYN:
+        site = _sites.setdefault((cuda_nvrtc.index(x.device), w.data_ptr()), len(_sites))
+        ns0 = dyn_static(k, n, cfg, grid, c) if site < SITES else 0
+        args += [ctypes.c_int(ns0), ctypes.c_int(site if ns0 else 0)]
     cuda_nvrtc.launch(fn, smem, threads, grid, torch.cuda.current_stream(x.device).cuda_stream, pdl, args,
                       "stream_gemv")
     return y
