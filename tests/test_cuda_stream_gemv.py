@@ -238,7 +238,8 @@ def test_tail_options_keep_the_bits(stream_on, regt, dyn):
     the slots would, and the tasks dealt by tickets (DYN) are computed as by their CTA in turn, so (bench/
     cuda_bench.py --sections tail) every configured shape's product, and the DeltaNet input product's conv
     epilogue (outputs, ring and each kept row's slot), equal the default's bit for bit at every row count,
-    eager and graphed (replayed three times: the tickets' counter must be back at zero after each launch)."""
+    eager and graphed (replayed three times: each launch must take exactly its tickets, or the next one would
+    deal the wrong tasks)."""
     from cuda_cases import conv_runs
     sg = cuda_stream_gemv
     torch.manual_seed(40 + regt + 3 * dyn)

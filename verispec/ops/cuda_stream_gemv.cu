@@ -58,9 +58,11 @@
 // slot, so every mma sees the same operands and the bits do not move.
 //
 // DYN (an experiment, 0 off; with ns0 > 0): a CTA takes tasks c + j*G for j < ns0 as above, and the
-// rest (ns0*G .. N/TC-1) by tickets from a counter of this call site (dyn_ctr[2*site], in the module:
-// zero at load, put back to zero by the CTA that exits last), so the CTAs that get their bytes sooner
-// take the tail. The first ticket is asked after the wait (a launch of the same site just before this one
+// rest (ns0*G .. N/TC-1) by tickets from a 64-bit counter of this call site (dyn_ctr[site], in the
+// module: zero at load, never put back), so the CTAs that get their bytes sooner take the tail. Every
+// launch of a site takes exactly D + G tickets (D tasks, then one that fails for each CTA), so ticket t
+// stands for task ns0*G + t mod (D + G) where that is below D: no CTA has to count the others out (a
+// last-CTA reset put an atomic round trip and a fence at the end of every launch). The first ticket is asked after the wait (a launch of the same site just before this one
 // may still be dealing), each next one a task ahead, by thread 0, and handed to the warps through a
 // ring of 8 in shared memory (tq), AH tasks before the warps request their units. Which CTA computes a task
 // moves no bit (the sums above depend on the task alone); the conv tasks are all static.
@@ -120,7 +122,7 @@ static_assert(THREADS >= 16 * TC / 2, "the reduction: two elements a thread at m
 constexpr int AH = (UPW - 1 + SPW) / UPW;   // tasks past the one in hand whose units a warp may request
 
 #if DYN
-__device__ unsigned dyn_ctr[2 * 512];       // DYN: [2 site] tickets taken, [2 site + 1] CTAs exited
+__device__ unsigned long long dyn_ctr[512];  // DYN: the tickets a site's launches have taken
 #endif
 
 extern "C" __global__ void STREAM_BOUNDS
@@ -144,17 +146,21 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
     const int TW = nt * UPW;                                        // this warp's units (static)
 #if DYN
     const bool dyn = ns0 > 0;
-    unsigned* ctr = dyn_ctr + 2 * site;
+    unsigned long long* ctr = dyn_ctr + site;
     __shared__ int tq[8];                    // the task of CTA-local task j >= ns0 at tq[(j - ns0) & 7] (-1: none)
     const int D = NT - ns0 * G;              // tasks dealt by tickets
-    unsigned pend = 0;                       // thread 0: the ticket in flight
+    unsigned long long pend = 0;             // thread 0: the ticket in flight
+    bool spent = false;                      // thread 0: a ticket has failed
     int filled = ns0;                        // thread 0: the next local task to put in the ring
     // thread 0: the ring up to local task upto, each ticket used as the next one is asked for
     auto fill = [&](int upto) {
         for (; filled <= upto; ++filled) {
             int id = -1;
-            if (pend < (unsigned)D) { id = ns0 * G + (int)pend; pend = atomicAdd(ctr, 1u); }
-            else pend = 0xffffffffu;
+            if (!spent) {
+                const int t = (int)(pend % (unsigned long long)(D + G));
+                if (t < D) { id = ns0 * G + t; pend = atomicAdd(ctr, 1ull); }
+                else spent = true;
+            }
             tq[(filled - ns0) & 7] = id;
         }
     };
@@ -251,7 +257,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
 #if DYN
     // the first ticket only after the wait: a launch of this site just before this one (a product called
     // twice in a row, launched early by PDL) deals from the same counter until it completes
-    if (dyn && tid == 0) pend = atomicAdd(ctr, 1u);
+    if (dyn && tid == 0) pend = atomicAdd(ctr, 1ull);
     if (dyn && ns0 <= AH) {                   // (dyn_static keeps ns0 > AH: the first ticket is needed a task later)
         if (tid == 0) fill(AH);
         __syncthreads();
@@ -373,11 +379,5 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
             }
         }
     }
-#if DYN
-    if (dyn && tid == 0) {                    // the last CTA out puts the counter back for the next launch
-        __threadfence();
-        if (atomicAdd(ctr + 1, 1u) == (unsigned)G - 1) { atomicExch(ctr, 0u); atomicExch(ctr + 1, 0u); }
-    }
-#endif
     if (STAMPS) stamp_end(stamps, (u64)N, st0, st1, st2);
 }

@@ -39,7 +39,7 @@ REGT = 0
 # An experiment, off: the tasks past each CTA's first ns0 dealt by tickets (cuda_stream_gemv.cu's DYN; bench/cuda_bench.py
 # --sections dyn), so that the CTAs whose bytes come sooner take the tail
 DYN = False
-_sites: dict[tuple[int, int], int] = {}   # (device, weight address) -> its counter pair in the module (DYN)
+_sites: dict[tuple[int, int], int] = {}   # (device, weight address) -> its ticket counter in the module (DYN)
 SITES = 512
 # (K, N) -> registers a thread at most (cuda_stream_gemv.cu's MAXREG; absent: the compiler's choice), so a
 # CTA fits beside another product's on an SM (bench/cuda_bench.py --sections coresident)
