@@ -55,17 +55,20 @@
 // with 2), the next such unit's loads in flight while the one before is multiplied, instead of TMA tiles into
 // the freed slots. A burst of 52 MB streamed 3.46 TB/s by register loads against 3.0 by bulk copies on the
 // H200 (bench/cuda_flood_probe.py, calls 135-136). A lane loads exactly the 16 bytes it would read from the
-// slot, so every mma sees the same operands and the bits do not move.
+// slot, so every mma sees the same operands and the bits do not move. Measured 1.09-1.10x slower at one
+// row on two H100s (docs/cuda.md, calls 306-307).
 //
 // DYN (an experiment, 0 off; with ns0 > 0): a CTA takes tasks c + j*G for j < ns0 as above, and the
 // rest (ns0*G .. N/TC-1) by tickets from a 64-bit counter of this call site (dyn_ctr[site], in the
 // module: zero at load, never put back), so the CTAs that get their bytes sooner take the tail. Every
 // launch of a site takes exactly D + G tickets (D tasks, then one that fails for each CTA), so ticket t
 // stands for task ns0*G + t mod (D + G) where that is below D: no CTA has to count the others out (a
-// last-CTA reset put an atomic round trip and a fence at the end of every launch). The first ticket is asked after the wait (a launch of the same site just before this one
-// may still be dealing), each next one a task ahead, by thread 0, and handed to the warps through a
-// ring of 8 in shared memory (tq), AH tasks before the warps request their units. Which CTA computes a task
-// moves no bit (the sums above depend on the task alone); the conv tasks are all static.
+// last-CTA reset put an atomic round trip and a fence at the end of every launch). The first ticket is
+// asked after the wait (a launch of the same site just before this one may still be dealing), each next
+// one a task ahead, by thread 0, and handed to the warps through a ring of 8 in shared memory (tq), AH
+// tasks before the warps request their units. Which CTA computes a task moves no bit (the sums above
+// depend on the task alone); the conv tasks are all static. Measured 1.04-1.05x slower at one row on
+// two H100s (docs/cuda.md, calls 306-307).
 //
 // MAXREG (0: the compiler's choice): registers a thread at most, so that a CTA fits beside another
 // kernel's on an SM (bench/cuda_bench.py --sections coresident).

@@ -33,11 +33,11 @@ TMA2D = 1               # a unit as one 2D TMA tile (1) or a bulk copy per colum
 PRE: int | None = None
 PACE = 0
 EVF = 0
-# An experiment, off (0): the units past a warp's slots read into registers (1: streaming loads, 2: non-coherent
-# loads) instead of TMA tiles into the freed slots (cuda_stream_gemv.cu's REGT; bench/cuda_bench.py --sections regt)
+# Two experiments, off, measured slower (docs/cuda.md, calls 306-307; bench/cuda_bench.py --sections tail): the units
+# past a warp's slots read into registers (REGT 1: streaming loads, 2: non-coherent loads) instead of TMA tiles into
+# the freed slots; the tasks past each CTA's first ns0 dealt by tickets (DYN), so the CTAs whose bytes come sooner
+# take the tail (cuda_stream_gemv.cu says how)
 REGT = 0
-# An experiment, off: the tasks past each CTA's first ns0 dealt by tickets (cuda_stream_gemv.cu's DYN; bench/cuda_bench.py
-# --sections dyn), so that the CTAs whose bytes come sooner take the tail
 DYN = False
 _sites: dict[tuple[int, int], int] = {}   # (device, weight address) -> its ticket counter in the module (DYN)
 SITES = 512
