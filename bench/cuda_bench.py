@@ -41,6 +41,8 @@ arms interleaved within a round):
              input product's weights, the experts' loads evict-first (L2NEXT_ARMS; an experiment)
   tail       the same (1, 3 and 4 rows), the stream products' units past their slots read into
              registers, their last tasks dealt by tickets (cuda_stream_gemv.REGT, DYN; experiments)
+  grid       the same (1, 3 and 4 rows), the input products on fewer CTAs than SMs, with and without
+             cuda_launch.LINKS (cuda_stream_gemv.GRID; an experiment)
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -838,6 +840,40 @@ def tail(eng: Engine, rounds: int) -> None:
         sg.REGT, sg.DYN = kept
 
 
+# name -> (the input products' CTAs at most, or None: one an SM; cuda_launch.LINKS)
+GRID_ARMS = {"default": (None, False), "links": (None, True), "116, links": (116, True), "100, links": (100, True),
+             "84, links": (84, True), "100": (100, False)}
+
+
+def grid(eng: Engine, rounds: int) -> None:
+    """The mixers' input products on fewer CTAs than SMs (cuda_stream_gemv.GRID, an experiment), with and
+    without the recurrence and the gated norm letting the output product launch before their waits
+    (cuda_launch.LINKS). An output product's CTA cannot sit beside an input product's (docs/cuda.md, "The
+    output product beside the input product"), so today it starts asking for its weights only as the input
+    product's CTAs leave; on the SMs left free it can ask while the input product streams. The 4-warp input
+    products that made room (call 277) lost by halving the bytes in flight a CTA; these keep 24 units a CTA.
+    No value moves: every arm's logits must equal `default`'s."""
+    from verispec.ops import cuda_launch, cuda_stream_gemv as sg
+
+    kept = dict(sg.GRID), cuda_launch.LINKS
+    ins = [kn for kn in sg.CONFIG if kn[1] != 2048]
+
+    def arm(setting):
+        cap, links = setting
+
+        def set_():
+            sg.GRID.clear()
+            sg.GRID.update({kn: cap for kn in ins} if cap else {})
+            cuda_launch.LINKS = links
+        return set_
+    try:
+        graph_arms(eng, rounds, "grid", {k: arm(v) for k, v in GRID_ARMS.items()}, row_counts=(1, 3, 4))
+    finally:
+        sg.GRID.clear()
+        sg.GRID.update(kept[0])
+        cuda_launch.LINKS = kept[1]
+
+
 def undo(eng: Engine, rounds: int) -> None:
     """The undo after a rejected draft under CUDA graphs (State.commit with copy_commit): the
     kept row's copy slot copied into the live state, every layer: two copies per layer, one
@@ -961,6 +997,7 @@ def main() -> int:
              ("links", lambda: links(eng, 4 * a.rounds + 4)),
              ("l2next", lambda: l2next(eng, 4 * a.rounds + 4)),
              ("tail", lambda: tail(eng, 4 * a.rounds + 4)),
+             ("grid", lambda: grid(eng, 4 * a.rounds + 4)),
              ("undo", lambda: undo(eng, 10 * a.rounds)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:

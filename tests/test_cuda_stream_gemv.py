@@ -271,3 +271,36 @@ def test_tail_options_keep_the_bits(stream_on, regt, dyn):
         assert any(key[-2:] == (dyn, regt) for key in sg._kernels)      # the variant's build did run
     finally:
         sg.REGT, sg.DYN = kept
+
+
+@needs_bindings
+@pytest.mark.parametrize("cap", [100, 66])
+def test_grid_cap_keeps_the_bits(stream_on, cap):
+    """The input products on fewer CTAs than SMs (cuda_stream_gemv.GRID, bench/cuda_bench.py --sections grid):
+    a CTA takes more tasks, each computed as before, so the products and the conv epilogue (outputs, ring and
+    each kept row's slot) equal the default's bit for bit at every row count, eager and graphed."""
+    from cuda_cases import conv_runs
+    sg = cuda_stream_gemv
+    torch.manual_seed(60 + cap)
+    ins = [kn for kn in sorted(sg.CONFIG) if kn[1] != 2048]
+    cases = {(k, n): (_rand(n, k) * k ** -0.5, _rand(16, k)) for k, n in ins}
+    c = 8192
+    cw, ring0 = _rand(c, 4) * 0.5, _rand(c, 3)
+    wc, xc = cases[(2048, 12352)]
+    want = {key: {m: cuda_gemv.linear_rows(x[:m], w) for m in ROWS} for key, (w, x) in cases.items()}
+    want_conv = {m: conv_runs(xc, wc, cw, ring0, m) for m in (1, 3, 16)}
+    kept = dict(sg.GRID)
+    try:
+        sg.GRID.update({kn: cap for kn in ins})
+        assert sg.conv_fits(wc, c)
+        for key, (w, x) in cases.items():
+            for m in ROWS:
+                assert torch.equal(cuda_gemv.linear_rows(x[:m], w), want[key][m]), (key, m)
+            assert torch.equal(_graphed(lambda: cuda_gemv.linear_rows(x[:3], w)), want[key][3]), key
+        for m, ref in want_conv.items():
+            fused, _, _, (r1, s1), _ = conv_runs(xc, wc, cw, ring0, m)
+            assert torch.equal(fused, ref[0]) and torch.equal(r1, ref[3][0]), m
+            assert all(torch.equal(a, b) for a, b in zip(s1, ref[3][1])), m
+    finally:
+        sg.GRID.clear()
+        sg.GRID.update(kept)

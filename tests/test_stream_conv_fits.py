@@ -82,3 +82,19 @@ def test_dyn_static_keeps_the_conv_and_the_first_requests_in_turn():
             ns0 = sg.dyn_static(k, n, cfg, grid, conv)
             if ns0:
                 assert ns0 * grid < n // tc and ns0 * grid * tc >= conv and ns0 > (upw - 1 + spw) // upw, (k, n, sms)
+
+
+def test_grid_cap_counts_in_the_conv_fit(monkeypatch):
+    """cuda_stream_gemv.GRID (bench/cuda_bench.py --sections grid): a product on fewer CTAs deals each more
+    tasks, so the conv epilogue's fit is judged at the capped grid: at 84 CTAs 10 tasks a CTA still fit,
+    at 33 the conv columns would outnumber the threads."""
+    sg = cuda_stream_gemv
+    w = torch.empty(N, K, dtype=torch.bfloat16, device="meta")
+    monkeypatch.setattr(cuda_nvrtc, "sm_count", lambda device: 132)
+    monkeypatch.setitem(sg.GRID, (K, N), 84)
+    assert sg._ctas(K, N, sg.CONFIG[(K, N)], w.device) == 84 and sg._conv_tasks(sg.CONFIG[(K, N)], N, w.device, K) == 10
+    assert sg.conv_fits(w, C)
+    monkeypatch.setitem(sg.GRID, (K, N), 33)
+    assert not sg.conv_fits(w, C)
+    monkeypatch.setitem(sg.GRID, (K, N), 200)                  # a cap above the SMs changes nothing
+    assert sg._ctas(K, N, sg.CONFIG[(K, N)], w.device) == 132

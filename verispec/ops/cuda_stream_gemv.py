@@ -39,6 +39,10 @@ EVF = 0
 # take the tail (cuda_stream_gemv.cu says how)
 REGT = 0
 DYN = False
+# An experiment, off (empty): (K, N) -> the most CTAs the product takes (fewer than the SMs), so that the kernels
+# launched early after it (with cuda_launch.LINKS, the output product) find free SMs while it streams
+# (bench/cuda_bench.py --sections grid). Which CTA computes a task moves no bit.
+GRID: dict[tuple[int, int], int] = {}
 _sites: dict[tuple[int, int], int] = {}   # (device, weight address) -> its ticket counter in the module (DYN)
 SITES = 512
 # (K, N) -> registers a thread at most (cuda_stream_gemv.cu's MAXREG; absent: the compiler's choice), so a
@@ -81,11 +85,16 @@ def config(k: int, n: int) -> tuple | None:
     return cfg if ok else None
 
 
-def _conv_tasks(cfg: tuple, n: int, device: torch.device) -> int | None:
-    """The most tasks a CTA takes for a product of N = n with the conv epilogue, or None where the
-    epilogue does not fit: the tasks' sums beside the ring in shared memory, and a thread for each
+def _ctas(k: int, n: int, cfg: tuple, device: torch.device) -> int:
+    """The launch's CTAs: a task each at most, an SM each at most, GRID's cap where it has one."""
+    return min(n // (8 * cfg[0]), cuda_nvrtc.sm_count(device), GRID.get((k, n), n))
+
+
+def _conv_tasks(cfg: tuple, n: int, device: torch.device, k: int = 0) -> int | None:
+    """The most tasks a CTA takes for a product of N = n (and K = k) with the conv epilogue, or None where
+    the epilogue does not fit: the tasks' sums beside the ring in shared memory, and a thread for each
     conv column of a CTA's tasks (the kernel's conv runs a thread a column: fewer would skip columns)."""
-    tasks = _tasks(n, cfg[0], cuda_nvrtc.sm_count(device))
+    tasks = _tasks(n, cfg[0], _ctas(k, n, cfg, device))
     return tasks if _smem(*cfg, tasks) <= SMEM_MAX and tasks * 8 * cfg[0] <= 32 * cfg[1] else None
 
 
@@ -95,7 +104,7 @@ def conv_fits(w: torch.Tensor, channels: int) -> bool:
     cfg = config(w.shape[1], w.shape[0])
     if cfg is None or channels % (8 * cfg[0]):
         return False
-    return _conv_tasks(cfg, w.shape[0], w.device) is not None
+    return _conv_tasks(cfg, w.shape[0], w.device, w.shape[1]) is not None
 
 
 def available(device: torch.device) -> bool:
@@ -164,7 +173,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
     if conv is not None and (conv.ring.shape[0] % tc or conv.weight.shape[1] != 4
                              or not (conv.ring.is_contiguous() and conv.weight.is_contiguous())):
         raise ValueError("the conv epilogue needs C a multiple of the task's columns and kernel 4")
-    tasks = _conv_tasks(cfg, n, x.device) if conv is not None else 0
+    tasks = _conv_tasks(cfg, n, x.device, k) if conv is not None else 0
     if tasks is None:
         raise ValueError("the conv epilogue does not fit a CTA: its sums beside the ring in shared memory, "
                          "or a thread for each of its conv columns")
@@ -183,7 +192,7 @@ def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:
             ctypes.c_void_p(cw.data_ptr()), ctypes.c_void_p(tab.data_ptr()), ctypes.c_int(c), ctypes.c_int(save),
             ctypes.c_int(int(pdl)), ctypes.c_void_p(STAMPS.data_ptr() if STAMPS is not None else 0)]
     args += [ctypes.c_void_p(l2p), ctypes.c_uint64(l2n)]
-    grid = min(n // tc, cuda_nvrtc.sm_count(x.device))
+    grid = _ctas(k, n, cfg, x.device)
     if DYN:
         site = _sites.setdefault((cuda_nvrtc.index(x.device), w.data_ptr()), len(_sites))
         ns0 = dyn_static(k, n, cfg, grid, c) if site < SITES else 0
