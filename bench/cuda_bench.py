@@ -842,7 +842,7 @@ def tail(eng: Engine, rounds: int) -> None:
 
 # name -> (the input products' CTAs at most, or None: one an SM; cuda_launch.LINKS)
 GRID_ARMS = {"default": (None, False), "links": (None, True), "116, links": (116, True), "100, links": (100, True),
-             "84, links": (84, True), "100": (100, False)}
+             "84, links": (84, True), "66, links": (66, True), "50, links": (50, True), "100": (100, False)}
 
 
 def grid(eng: Engine, rounds: int) -> None:
