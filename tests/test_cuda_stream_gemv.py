@@ -231,27 +231,23 @@ def test_l2_prefetch_and_evict_first_keep_the_bits(stream_on):
         assert torch.equal(got, ref), early
 
 
-@needs_bindings
-@pytest.mark.parametrize("regt,dyn", [(1, False), (2, False), (0, True), (1, True)])
-def test_tail_options_keep_the_bits(stream_on, regt, dyn):
-    """The units past a warp's slots read into registers (cuda_stream_gemv.REGT) feed each mma the operands
-    the slots would, and the tasks dealt by tickets (DYN) are computed as by their CTA in turn, so (bench/
-    cuda_bench.py --sections tail) every configured shape's product, and the DeltaNet input product's conv
-    epilogue (outputs, ring and each kept row's slot), equal the default's bit for bit at every row count,
-    eager and graphed (replayed three times: each launch must take exactly its tickets, or the next one would
-    deal the wrong tasks)."""
+def _bits_hold(seed, shapes, setting, restore):
+    """The products of each (K, N) in shapes, and the DeltaNet input product's conv epilogue (outputs, ring
+    and each kept row's slot) where (2048, 12352) is among them, after setting() equal the default's bit
+    for bit at every row count, eagerly and from a CUDA graph replayed three times (a launch must leave
+    nothing behind that the next one reads: DYN's tickets); restore() puts the default back."""
     from cuda_cases import conv_runs
-    sg = cuda_stream_gemv
-    torch.manual_seed(40 + regt + 3 * dyn)
-    cases = {(k, n): (_rand(n, k) * k ** -0.5, _rand(16, k)) for k, n in sorted(sg.CONFIG)}
+    torch.manual_seed(seed)
+    cases = {(k, n): (_rand(n, k) * k ** -0.5, _rand(16, k)) for k, n in shapes}
     c = 8192
     cw, ring0 = _rand(c, 4) * 0.5, _rand(c, 3)
-    wc, xc = cases[(2048, 12352)]
+    conv = (2048, 12352) in cases
     want = {key: {m: cuda_gemv.linear_rows(x[:m], w) for m in ROWS} for key, (w, x) in cases.items()}
-    want_conv = {m: conv_runs(xc, wc, cw, ring0, m) for m in (1, 3, 16)}
-    kept = sg.REGT, sg.DYN
+    if conv:
+        wc, xc = cases[(2048, 12352)]
+        want_conv = {m: conv_runs(xc, wc, cw, ring0, m) for m in (1, 3, 16)}
     try:
-        sg.REGT, sg.DYN = regt, dyn
+        setting()
         for key, (w, x) in cases.items():
             for m in ROWS:
                 assert torch.equal(cuda_gemv.linear_rows(x[:m], w), want[key][m]), (key, m)
@@ -264,43 +260,46 @@ def test_tail_options_keep_the_bits(stream_on, regt, dyn):
                 g.replay()
                 torch.cuda.synchronize()
                 assert torch.equal(graphed, want[key][3]), key
-        for m, ref in want_conv.items():
-            fused, _, _, (r1, s1), _ = conv_runs(xc, wc, cw, ring0, m)
-            assert torch.equal(fused, ref[0]) and torch.equal(r1, ref[3][0]), m
-            assert all(torch.equal(a, b) for a, b in zip(s1, ref[3][1])), m
-        assert any(key[-2:] == (dyn, regt) for key in sg._kernels)      # the variant's build did run
+        if conv:
+            assert cuda_stream_gemv.conv_fits(wc, c)
+            for m, ref in want_conv.items():
+                fused, _, _, (r1, s1), _ = conv_runs(xc, wc, cw, ring0, m)
+                assert torch.equal(fused, ref[0]) and torch.equal(r1, ref[3][0]), m
+                assert all(torch.equal(a, b) for a, b in zip(s1, ref[3][1])), m
     finally:
+        restore()
+
+
+@needs_bindings
+@pytest.mark.parametrize("regt,dyn", [(1, False), (2, False), (0, True), (1, True)])
+def test_tail_options_keep_the_bits(stream_on, regt, dyn):
+    """The units past a warp's slots read into registers (cuda_stream_gemv.REGT) feed each mma the operands
+    the slots would, and the tasks dealt by tickets (DYN) are computed as by their CTA in turn, so (bench/
+    cuda_bench.py --sections tail) every configured shape's product and the conv epilogue keep their bits
+    (_bits_hold); the variant's build did run."""
+    sg = cuda_stream_gemv
+    kept = sg.REGT, sg.DYN
+
+    def setting():
+        sg.REGT, sg.DYN = regt, dyn
+
+    def restore():
         sg.REGT, sg.DYN = kept
+    _bits_hold(40 + regt + 3 * dyn, sorted(sg.CONFIG), setting, restore)
+    assert any(key[-2:] == (dyn, regt) for key in sg._kernels)
 
 
 @needs_bindings
 @pytest.mark.parametrize("cap", [100, 66])
 def test_grid_cap_keeps_the_bits(stream_on, cap):
     """The input products on fewer CTAs than SMs (cuda_stream_gemv.GRID, bench/cuda_bench.py --sections grid):
-    a CTA takes more tasks, each computed as before, so the products and the conv epilogue (outputs, ring and
-    each kept row's slot) equal the default's bit for bit at every row count, eager and graphed."""
-    from cuda_cases import conv_runs
+    a CTA takes more tasks, each computed as before, so the products and the conv epilogue keep their bits
+    (_bits_hold)."""
     sg = cuda_stream_gemv
-    torch.manual_seed(60 + cap)
     ins = [kn for kn in sorted(sg.CONFIG) if kn[1] != 2048]
-    cases = {(k, n): (_rand(n, k) * k ** -0.5, _rand(16, k)) for k, n in ins}
-    c = 8192
-    cw, ring0 = _rand(c, 4) * 0.5, _rand(c, 3)
-    wc, xc = cases[(2048, 12352)]
-    want = {key: {m: cuda_gemv.linear_rows(x[:m], w) for m in ROWS} for key, (w, x) in cases.items()}
-    want_conv = {m: conv_runs(xc, wc, cw, ring0, m) for m in (1, 3, 16)}
     kept = dict(sg.GRID)
-    try:
-        sg.GRID.update({kn: cap for kn in ins})
-        assert sg.conv_fits(wc, c)
-        for key, (w, x) in cases.items():
-            for m in ROWS:
-                assert torch.equal(cuda_gemv.linear_rows(x[:m], w), want[key][m]), (key, m)
-            assert torch.equal(_graphed(lambda: cuda_gemv.linear_rows(x[:3], w)), want[key][3]), key
-        for m, ref in want_conv.items():
-            fused, _, _, (r1, s1), _ = conv_runs(xc, wc, cw, ring0, m)
-            assert torch.equal(fused, ref[0]) and torch.equal(r1, ref[3][0]), m
-            assert all(torch.equal(a, b) for a, b in zip(s1, ref[3][1])), m
-    finally:
+
+    def restore():
         sg.GRID.clear()
         sg.GRID.update(kept)
+    _bits_hold(60 + cap, ins, lambda: sg.GRID.update({kn: cap for kn in ins}), restore)
