@@ -273,12 +273,13 @@ def overhead(eng: Engine, ck, rounds: int) -> None:
     del plain_eng
 
 
-def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)) -> None:
+def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4), refs: dict | None = None) -> None:
     """Graphed forwards of 1 and 4 rows (or row_counts; more than one with copy slots, as a
     verify) captured once per arm:
     arms maps a name to a function that sets the kernels' launch options before a capture.
     One graph runner per arm over the same weights, each with its own state, replayed in turn
-    (A, B, ..., A, B, ...); the first arm is the reference every other's logits must equal."""
+    (A, B, ..., A, B, ...); the first arm is the reference every other's logits must equal, or
+    refs[arm] where an arm sums in another order (an arm named there as its own reference has none)."""
     from verispec.cuda_graphs import GraphedForward
 
     m = eng.model
@@ -312,9 +313,10 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)
                     st.commit(start, rows, 1)
                     if r >= 0:
                         times[k].append(t)
-                same.append(all(torch.equal(got[names[0]], got[k]) for k in names[1:]))   # the bits must not move
+                ref = {k: (refs or {}).get(k, names[0]) for k in names[1:]}
+                same.append(all(torch.equal(got[ref[k]], got[k]) for k in names[1:]))   # the bits must not move
                 for k in names[1:]:
-                    each[k] = each[k] and torch.equal(got[names[0]], got[k])
+                    each[k] = each[k] and torch.equal(got[ref[k]], got[k])
             med = {k: statistics.median(v) for k, v in times.items()}
             out[rows] = {"ms": {k: v * 1e3 for k, v in med.items()},
                          "over_first": {k: v / med[names[0]] for k, v in med.items()},
@@ -322,7 +324,7 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)
             log(f"[{key}] rows {rows}: " + "; ".join(
                 f"{k} {med[k] * 1e3:.3f} ms [{min(times[k]) * 1e3:.3f}-{max(times[k]) * 1e3:.3f}] "
                 f"({med[k] / med[names[0]]:.3f})" for k in names) + f"; logits equal in every round: {all(same)}"
-                + (f" (each against {names[0]}: {each})" if not all(same) else ""))
+                + (f" (each against its reference: {each})" if not all(same) else ""))
         RESULTS[key] = out
     finally:
         m.graphs = kept_runner
@@ -840,9 +842,12 @@ def tail(eng: Engine, rounds: int) -> None:
         sg.REGT, sg.DYN = kept
 
 
-# name -> (the input products' CTAs at most, or None: one an SM; cuda_launch.LINKS)
-GRID_ARMS = {"default": (None, False), "links": (None, True), "116, links": (116, True), "100, links": (100, True),
-             "84, links": (84, True), "66, links": (66, True), "50, links": (50, True), "100": (100, False)}
+# name -> (the input products' CTAs at most, or None: one an SM; cuda_launch.LINKS; the CUDA C++ recurrence,
+# cuda_fusions.REC). The REC arms sum in another order: their logits must equal `rec`'s.
+# (Calls 310-311 also ran caps of 116, 66 and 50 with LINKS and 100 without: within the spread or slower.)
+GRID_ARMS = {"default": (None, False, False), "links": (None, True, False), "100, links": (100, True, False),
+             "84, links": (84, True, False), "rec": (None, False, True), "rec, links": (None, True, True),
+             "rec, 100, links": (100, True, True), "rec, 84, links": (84, True, True)}
 
 
 def grid(eng: Engine, rounds: int) -> None:
@@ -852,26 +857,31 @@ def grid(eng: Engine, rounds: int) -> None:
     output product beside the input product"), so today it starts asking for its weights only as the input
     product's CTAs leave; on the SMs left free it can ask while the input product streams. The 4-warp input
     products that made room (call 277) lost by halving the bytes in flight a CTA; these keep 24 units a CTA.
-    No value moves: every arm's logits must equal `default`'s."""
-    from verispec.ops import cuda_launch, cuda_stream_gemv as sg
+    With the CUDA C++ recurrence too (REC): alone it ended 3.3-3.8 us after the input product against the
+    Triton one's 6.4, and the time moved to the output product's weights arriving (call 124); the cap and
+    LINKS (calls 310-311) were measured with the Triton recurrence only. No value moves: every arm's logits
+    must equal `default`'s, or `rec`'s for the REC arms."""
+    from verispec.ops import cuda_fusions, cuda_launch, cuda_stream_gemv as sg
 
-    kept = dict(sg.GRID), cuda_launch.LINKS
+    kept = dict(sg.GRID), cuda_launch.LINKS, cuda_fusions.REC
     ins = [kn for kn in sg.CONFIG if kn[1] != 2048]
 
     def arm(setting):
-        cap, links = setting
+        cap, links, rec_on = setting
 
         def set_():
             sg.GRID.clear()
             sg.GRID.update({kn: cap for kn in ins} if cap else {})
             cuda_launch.LINKS = links
+            cuda_fusions.REC = rec_on
         return set_
+    refs = {k: "rec" for k, v in GRID_ARMS.items() if v[2]}
     try:
-        graph_arms(eng, rounds, "grid", {k: arm(v) for k, v in GRID_ARMS.items()}, row_counts=(1, 3, 4))
+        graph_arms(eng, rounds, "grid", {k: arm(v) for k, v in GRID_ARMS.items()}, row_counts=(1, 3, 4), refs=refs)
     finally:
         sg.GRID.clear()
         sg.GRID.update(kept[0])
-        cuda_launch.LINKS = kept[1]
+        cuda_launch.LINKS, cuda_fusions.REC = kept[1], kept[2]
 
 
 def undo(eng: Engine, rounds: int) -> None:
