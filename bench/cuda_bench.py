@@ -320,7 +320,8 @@ def graph_arms(eng: Engine, rounds: int, key: str, arms: dict, row_counts=(1, 4)
             med = {k: statistics.median(v) for k, v in times.items()}
             out[rows] = {"ms": {k: v * 1e3 for k, v in med.items()},
                          "over_first": {k: v / med[names[0]] for k, v in med.items()},
-                         "times": times, "logits_equal": all(same), "logits_equal_to_first": each}
+                         "times": times, "logits_equal": all(same),
+                         "logits_equal_to_first": each}         # (against refs[arm] where refs names one)
             log(f"[{key}] rows {rows}: " + "; ".join(
                 f"{k} {med[k] * 1e3:.3f} ms [{min(times[k]) * 1e3:.3f}-{max(times[k]) * 1e3:.3f}] "
                 f"({med[k] / med[names[0]]:.3f})" for k in names) + f"; logits equal in every round: {all(same)}"
