@@ -58,7 +58,7 @@
 // slot, so every mma sees the same operands and the bits do not move. Measured 1.09-1.10x slower at one
 // row on two H100s (docs/cuda.md, calls 306-307).
 //
-// DYN (an experiment, 0 off; with ns0 > 0): a CTA takes tasks c + j*G for j < ns0 as above, and the
+// DYN (an experiment, 0 off; with ns0 > AH, else every task in turn): a CTA takes tasks c + j*G for j < ns0 as above, and the
 // rest (ns0*G .. N/TC-1) by tickets from a 64-bit counter of this call site (dyn_ctr[site], in the
 // module: zero at load, never put back), so the CTAs that get their bytes sooner take the tail. Every
 // launch of a site takes exactly D + G tickets (D tasks, then one that fails for each CTA), so ticket t
@@ -148,7 +148,7 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
     const int nt = c < NT ? (NT - 1 - c) / G + 1 : 0;
     const int TW = nt * UPW;                                        // this warp's units (static)
 #if DYN
-    const bool dyn = ns0 > 0;
+    const bool dyn = ns0 > AH;               // (dyn_static's ns0: the first ticket is needed a task after the wait)
     unsigned long long* ctr = dyn_ctr + site;
     __shared__ int tq[8];                    // the task of CTA-local task j >= ns0 at tq[(j - ns0) & 7] (-1: none)
     const int D = NT - ns0 * G;              // tasks dealt by tickets
@@ -261,10 +261,6 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
     // the first ticket only after the wait: a launch of this site just before this one (a product called
     // twice in a row, launched early by PDL) deals from the same counter until it completes
     if (dyn && tid == 0) pend = atomicAdd(ctr, 1ull);
-    if (dyn && ns0 <= AH) {                   // (dyn_static keeps ns0 > AH: the first ticket is needed a task later)
-        if (tid == 0) fill(AH);
-        __syncthreads();
-    }
 #endif
     for (int i = NPRE; i < SPW && i < TW; ++i) issue(i);
     uint4 rb[REGT ? STEPS * CG : 1];          // REGT: the next register unit, in flight
@@ -287,39 +283,33 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
 #pragma unroll
         for (int u = 0; u < UPW; ++u) {
             const int i = j * UPW + u, sl = i % SPW;
-            if (REGT && i >= SPW) {           // a register unit: the next one's loads go out before this one's products
-                uint4 cur[REGT ? STEPS * CG : 1];
-#pragma unroll
-                for (int e = 0; e < (REGT ? STEPS * CG : 1); ++e) cur[e] = rb[e];
-                if (HAS_UNIT(i + 1)) load_regs(i + 1, rb);
+            // unit u's products, B for (step st, group g) from b_at(st, g): column n of group g, elements 8q..
+            // of step st (the same element positions as the A tile's: logical k 2q+e <-> 8q+e, 2q+8+e <->
+            // 8q+2+e, and 8q+4.., 8q+6.. for the second product)
+            auto products = [&](auto b_at) {
 #pragma unroll
                 for (int st = 0; st < STEPS; ++st) {
                     const uint4 a = xa[u * STEPS + st], b = xb[u * STEPS + st];
 #pragma unroll
                     for (int g = 0; g < CG; ++g) {
-                        const uint4 wv = cur[REGT ? st * CG + g : 0];
+                        const uint4 wv = b_at(st, g);
                         mma(acc[g], a.x, b.x, a.y, b.y, wv.x, wv.y);
                         mma(acc[g], a.z, b.z, a.w, b.w, wv.z, wv.w);
                     }
                 }
+            };
+            if (REGT && i >= SPW) {           // a register unit: the next one's loads go out before this one's products
+                uint4 cur[REGT ? STEPS * CG : 1];
+#pragma unroll
+                for (int e = 0; e < (REGT ? STEPS * CG : 1); ++e) cur[e] = rb[e];
+                if (HAS_UNIT(i + 1)) load_regs(i + 1, rb);
+                products([&](int st, int g) { return cur[REGT ? st * CG + g : 0]; });
                 continue;
             }
             mbar_wait(&mfull[sl], (i / SPW) & 1);
             if (STAMPS && i == 0) st2 = gtimer();
-            // column n of group g, elements 8q.. of step st: the B tile's registers (the same
-            // element positions as the A tile's: logical k 2q+e <-> 8q+e, 2q+8+e <-> 8q+2+e, and
-            // 8q+4.., 8q+6.. for the second product)
             const unsigned char* sb = mine + sl * SLOTB + n * (2 * KC) + q * 16;
-#pragma unroll
-            for (int st = 0; st < STEPS; ++st) {
-                const uint4 a = xa[u * STEPS + st], b = xb[u * STEPS + st];
-#pragma unroll
-                for (int g = 0; g < CG; ++g) {
-                    const uint4 wv = *reinterpret_cast<const uint4*>(sb + g * 8 * (2 * KC) + st * 64);
-                    mma(acc[g], a.x, b.x, a.y, b.y, wv.x, wv.y);
-                    mma(acc[g], a.z, b.z, a.w, b.w, wv.z, wv.w);
-                }
-            }
+            products([&](int st, int g) { return *reinterpret_cast<const uint4*>(sb + g * 8 * (2 * KC) + st * 64); });
             __syncwarp();                     // the slot read: this warp's next unit may overwrite it
             if (!REGT && HAS_UNIT(i + SPW)) issue(i + SPW);
         }
