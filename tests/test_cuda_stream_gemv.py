@@ -22,16 +22,23 @@ def _rand(*shape):
     return torch.randn(*shape, device="cuda").to(BF)
 
 
-def _graphed(fn):
-    """fn() run eagerly once, then captured in a CUDA graph and replayed: the graph's output."""
+def _replays(fn, times):
+    """fn() run eagerly once, then captured in a CUDA graph and replayed `times` times: the graph's
+    output after each replay (the same tensor, yielded once a replay has finished)."""
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = fn()
-    g.replay()
-    torch.cuda.synchronize()
-    return out
+    for _ in range(times):
+        g.replay()
+        torch.cuda.synchronize()
+        yield out
+
+
+def _graphed(fn):
+    """fn() run eagerly once, then captured in a CUDA graph and replayed: the graph's output."""
+    return list(_replays(fn, 1))[-1]
 
 
 @pytest.fixture
@@ -55,14 +62,7 @@ def test_stream_rows_graph_and_reference(stream_on, k, n):
         assert torch.equal(got, full[:m]), m
         assert all(torch.equal(got[i:i + 1], single[i]) for i in range(m)), m
     # in a CUDA graph (with PDL, as the model captures it), replayed twice
-    cuda_gemv.linear_rows(x[:3], w)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        graphed = cuda_gemv.linear_rows(x[:3], w)
-    for _ in range(2):
-        g.replay()
-        torch.cuda.synchronize()
+    for graphed in _replays(lambda: cuda_gemv.linear_rows(x[:3], w), 2):
         assert torch.equal(graphed, full[:3])
     ref = F.linear(x.float(), w.float())
     assert (full.float() - ref).norm() / ref.norm() < 1e-2
@@ -251,14 +251,7 @@ def _bits_hold(seed, shapes, setting, restore):
         for key, (w, x) in cases.items():
             for m in ROWS:
                 assert torch.equal(cuda_gemv.linear_rows(x[:m], w), want[key][m]), (key, m)
-            cuda_gemv.linear_rows(x[:3], w)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                graphed = cuda_gemv.linear_rows(x[:3], w)
-            for _ in range(3):
-                g.replay()
-                torch.cuda.synchronize()
+            for graphed in _replays(lambda: cuda_gemv.linear_rows(x[:3], w), 3):
                 assert torch.equal(graphed, want[key][3]), key
         if conv:
             assert cuda_stream_gemv.conv_fits(wc, c)
