@@ -38,6 +38,21 @@ fixed arms' logits must be equal to each other bit for bit (the prediction moves
 routes otherwise and differs.
 
   python3 bench/cuda_ablation.py --arms predict --rounds 20 --rows 1,4 --out $OUT
+
+--arms l2experts measures the ceiling of asking L2 for a layer's routed experts ahead (thirty-eighth
+session). From the input product's end to the router's end the DRAM carries little more than the
+output product's 16.8 MB (bench/cuda_timeline.py, call 290), and a layer's eight routed gate/up
+weights are 33.6 MB: if they were in L2 when gate/up starts, gate/up would read them at L2's rate.
+Unlike the next layer's input product (--sections l2next of bench/cuda_bench.py, no gain: the
+experts' 57 MB stream through L2 between the ask and the read), nothing but the router's 1 MB and
+the shared expert is read between the ask and gate/up here. Every arm's router runs and every row
+reads the same fixed experts 0..7 (contiguous, so one range of gu_all is the whole ask) and the
+shared expert; the arms differ only in cuda_stream_gemv.L2_NEXT, so their logits must be equal:
+`contig` (no ask), `out_after` / `out_before` (each layer's output product asks for the eight after /
+before its wait), `out_half` (the first four only), `out_wrong` (experts 8..15: what a wrong prediction
+costs), `in_after` (the input product asks, after its wait: earlier, but while its own 50 MB stream).
+
+  python3 bench/cuda_ablation.py --arms l2experts --rounds 20 --rows 1,4 --out $OUT
 """
 
 from __future__ import annotations
@@ -93,6 +108,7 @@ class Ablation:
         none[:, 8] = 256
         self.preds = {"right": ids, "wrong": wrong, "none": none}
         self.early, self.pred, self.blocks, self.down_early = False, None, 1, False
+        self.contig = torch.tensor([list(range(8)) + [256]] * 16, dtype=torch.int32, device="cuda")
 
     def set(self, leave_out: tuple[str, ...], fixed_ids: bool = False) -> None:
         for (m, n), k in self.kernels.items():
@@ -138,6 +154,19 @@ class Ablation:
             raise ValueError("the fixed routing is for 256 experts, top 8")
         return self.w[:rows], self.ids[:rows]
 
+    def _contig_route(self, x, rows, n_experts, top_k, norm, early=False):
+        """The real router's launch, then every row on experts 0..7 and the shared expert."""
+        self.route_shared(x, rows, n_experts, top_k, norm)
+        self._fixed_route(x, rows, n_experts, top_k, norm)     # the same shape checks
+        return self.w[:rows], self.contig[:rows]
+
+    def set_l2experts(self, plan: dict) -> None:
+        """--arms l2experts: contiguous fixed ids, and `plan` as cuda_stream_gemv.L2_NEXT."""
+        from verispec.ops import cuda_stream_gemv as sg
+        self.set(())
+        cuda_moe.route_shared = self._contig_route
+        sg.L2_NEXT = plan
+
     def _launch_but_stream(self, fn, smem, threads, grid, stream, pdl, args, what):
         if what != "stream_gemv":
             self.launch(fn, smem, threads, grid, stream, pdl, args, what)
@@ -149,7 +178,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--rows", default="1")
-    ap.add_argument("--arms", choices=("ablation", "predict"), default="ablation")
+    ap.add_argument("--arms", choices=("ablation", "predict", "l2experts"), default="ablation")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -160,6 +189,8 @@ def main() -> int:
     abl = Ablation()
     if a.arms == "predict":
         return predict(eng, abl, a, bw)
+    if a.arms == "l2experts":
+        return l2experts(eng, abl, a, bw)
     arms = {"full": ()}
     arms |= {f"no_{k}": (k,) for k in ("recurrence", "row_norms", "attention_steps", "router", "combine",
                                        "add_norm_router")}
@@ -232,6 +263,70 @@ def predict(eng, abl: Ablation, a, bw: float) -> int:
                                                                 "arms": list(PREDICT_ARMS), "predict": res,
                                                                 "real_arms": list(REAL_ARMS), "predict_real": real},
                                                                indent=1, default=str) + "\n")
+    return 1 if bad else 0
+
+
+# arm -> (which product asks: "out" / "in" / None, first expert, experts asked, L2AT)
+L2EXPERT_ARMS = {"contig": (None, 0, 0, 1), "out_after": ("out", 0, 8, 1), "out_before": ("out", 0, 8, 0),
+                 "out_half": ("out", 0, 4, 1), "out_wrong": ("out", 8, 8, 1), "in_after": ("in", 0, 8, 1)}
+
+
+def l2experts_plan(layers, who: str | None, first: int, n: int) -> dict[int, tuple[int, int]]:
+    """cuda_stream_gemv.L2_NEXT asking, in every MoE layer, for routed experts first..first+n-1's
+    gate/up weights (one contiguous range of gu_all) from the layer's output product ("out") or its
+    input product ("in")."""
+    plan = {}
+    for layer in layers if who else ():
+        mlp, mixer = layer.mlp, layer.mixer
+        if not isinstance(getattr(mlp, "gu_all", None), torch.Tensor):
+            continue
+        gu = mlp.gu_all
+        w = mixer.out if who == "out" else (mixer.w_in if hasattr(mixer, "w_in") else mixer.w_qkv)
+        plan[w.data_ptr()] = (gu[first].data_ptr(), n * gu[0].numel() * gu.element_size())
+    return plan
+
+
+def l2experts(eng, abl: Ablation, a, bw: float) -> int:
+    """--arms l2experts (the module docstring)."""
+    from verispec.ops import cuda_stream_gemv as sg
+    if not sg.available(torch.device("cuda")):
+        print("cuda_ablation: the l2experts arms need the CUDA C++ stream products", file=sys.stderr)
+        return 2
+    layers = eng.model.layers
+    plans = {k: l2experts_plan(layers, who, first, n) for k, (who, first, n, _) in L2EXPERT_ARMS.items()}
+    for k, plan in plans.items():
+        cb.log(f"[l2experts] {k}: {len(plan)} products ask for "
+               f"{sum(b for _, b in plan.values()) / max(len(plan), 1) / 1e6:.1f} MB each")
+    kept = sg.L2_NEXT, sg.L2AT
+
+    def arm(k):
+        def set_():
+            abl.set_l2experts(plans[k])
+            sg.L2AT = L2EXPERT_ARMS[k][3]
+        return set_
+    try:
+        cb.graph_arms(eng, a.rounds, "l2experts", {k: arm(k) for k in L2EXPERT_ARMS},
+                      row_counts=tuple(int(r) for r in a.rows.split(",")))
+    finally:
+        abl.set(())
+        sg.L2_NEXT, sg.L2AT = kept
+    limit = cb.active_weight_bytes(cb._cfg_dict(eng)) / bw
+    res = cb.RESULTS.get("l2experts")
+    if not res:
+        print("cuda_ablation: no graphed forwards ran", file=sys.stderr)
+        return 2
+    bad = False
+    for rows, r in res.items():
+        bad |= not r["logits_equal"]
+        base = r["ms"]["contig"]
+        cb.log(f"[l2experts] rows {rows}: " + "; ".join(
+            f"{k} {v:.3f} ms ({v / base:.3f}x, {limit * 1e3 / v * 100:.1f}%)" for k, v in r["ms"].items())
+            + f"; logits equal: {r['logits_equal']}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cuda_ablation_l2experts.json").write_text(json.dumps(
+        {"bandwidth_Bps": bw, "limit_ms": limit * 1e3, "arms": L2EXPERT_ARMS, "l2experts": res},
+        indent=1, default=str) + "\n")
     return 1 if bad else 0
 
 
