@@ -143,11 +143,11 @@ class Ablation:
         self.route_shared(x, rows, n_experts, top_k, norm, early=self.early)
         return self._fixed_route(x, rows, n_experts, top_k, norm)
 
-    def _pairs_pred(self, x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down):
+    def _pairs_pred(self, x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, shared_first=True):
         rows = ids.numel() // pairs_per_row
         pred = None if self.pred is None else self.pred[:rows].reshape(-1)
         return self.pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, pred=pred,
-                          pred_blocks=self.blocks, down_early=self.down_early)
+                          pred_blocks=self.blocks, down_early=self.down_early, shared_first=shared_first)
 
     def _fixed_route(self, x, rows, n_experts, top_k, norm, early=False):
         if n_experts != 256 or top_k != 8:

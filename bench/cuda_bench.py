@@ -43,6 +43,10 @@ arms interleaved within a round):
              registers, their last tasks dealt by tickets (cuda_stream_gemv.REGT, DYN; experiments)
   grid       the same (1, 3 and 4 rows), the input products on fewer CTAs than SMs, with and without
              cuda_launch.LINKS (cuda_stream_gemv.GRID; an experiment)
+  route      the same (1, 3 and 4 rows), the add + norm + router product and the router as one launch,
+             a thread-block cluster a row (cuda_fusions.ROUTE_CLUSTER; an experiment), clusters of 8
+             and 16, against the default two launches, and the default with the shared expert's
+             programs waiting (as they must with the cluster router)
   spec       --force bernoulli at the seed's acceptance (MTP depths 1/2: 0.97, 0.83) against
              plain, with independent and with correlated routing
 Writes JSON to --out (default $OUT or bench/results) and prints a summary table last.
@@ -885,6 +889,37 @@ def grid(eng: Engine, rounds: int) -> None:
         cuda_launch.LINKS, cuda_fusions.REC = kept[1], kept[2]
 
 
+# arm -> (cuda_fusions.ROUTE_CLUSTER, cuda_norm_route.CLUSTER, cuda_moe.SHARED_FIRST)
+ROUTE_ARMS = {"default": (False, 8, True), "shared waits": (False, 8, False), "cluster 8": (True, 8, True),
+              "cluster 16": (True, 16, True)}
+
+
+def route(eng: Engine, rounds: int) -> None:
+    """The add + norm + router product and the router in one launch (cuda_fusions.ROUTE_CLUSTER, an
+    experiment): a row's CTAs form a cluster, the first routes once the others' logits are in its shared
+    memory. The router ends ~2.5 us after the product in the graphed step (call 290). With it folded, the
+    gate/up launch follows the launch that writes its input, so the shared expert's programs wait too
+    (`shared waits` is the default with only that). The cluster sums in other orders than the two
+    launches: its arms' logits must equal each other's (a row's sums do not depend on the cluster's
+    size), the default's only `shared waits`'."""
+    from verispec.ops import cuda_fusions, cuda_moe, cuda_norm_route
+
+    if DEVICE != "cuda" or not cuda_norm_route.available(torch.device("cuda")):
+        log("[route] skipped: the cluster router kernel does not build here")
+        return
+    kept = cuda_fusions.ROUTE_CLUSTER, cuda_norm_route.CLUSTER, cuda_moe.SHARED_FIRST
+
+    def arm(setting):
+        def set_():
+            cuda_fusions.ROUTE_CLUSTER, cuda_norm_route.CLUSTER, cuda_moe.SHARED_FIRST = setting
+        return set_
+    try:
+        graph_arms(eng, rounds, "route", {k: arm(v) for k, v in ROUTE_ARMS.items()}, row_counts=(1, 3, 4),
+                   refs={"cluster 8": "cluster 8", "cluster 16": "cluster 8"})
+    finally:
+        cuda_fusions.ROUTE_CLUSTER, cuda_norm_route.CLUSTER, cuda_moe.SHARED_FIRST = kept
+
+
 def undo(eng: Engine, rounds: int) -> None:
     """The undo after a rejected draft under CUDA graphs (State.commit with copy_commit): the
     kept row's copy slot copied into the live state, every layer: two copies per layer, one
@@ -1009,6 +1044,7 @@ def main() -> int:
              ("l2next", lambda: l2next(eng, 4 * a.rounds + 4)),
              ("tail", lambda: tail(eng, 4 * a.rounds + 4)),
              ("grid", lambda: grid(eng, 4 * a.rounds + 4)),
+             ("route", lambda: route(eng, 4 * a.rounds + 4)),
              ("undo", lambda: undo(eng, 10 * a.rounds)),
              ("spec", lambda: spec(eng, a.tokens, a.rounds, "spec_independent"))]
     for name, fn in steps:

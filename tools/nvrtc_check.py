@@ -42,4 +42,7 @@ ok &= build("cuda_moe_tail.cu", dict(HD=2048, ID=512, TOPK=8, NE=256, SLOT=8192,
 ok &= build("cuda_stream_moe.cu", dict(H=2048, I=512, S=9, GW=8, GR=8, GSPW=3, DW=8, DSPW=3, TRIG=1))
 ok &= build("cuda_recurrence.cu", dict(HV=32, REP=2, DV=128, WARPS=2, TRIG=1, CB=16, PRE=1, FAST=0))
 ok &= build("cuda_recurrence.cu", dict(HV=32, REP=2, DV=128, WARPS=4, TRIG=2, CB=8, PRE=0, FAST=1))
+ok &= build("cuda_norm_route.cu", dict(HD=2048, NOUT=264, NE=256, TOPK=8, NORM=1, CL=8, WARPS=16))
+ok &= build("cuda_norm_route.cu", dict(HD=2048, NOUT=264, NE=256, TOPK=8, NORM=0, CL=16, WARPS=16))
+ok &= build("cuda_norm_route.cu", dict(HD=256, NOUT=40, NE=32, TOPK=4, NORM=1, CL=4, WARPS=2))
 sys.exit(0 if ok else 1)

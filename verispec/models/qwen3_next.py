@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from ..errors import ModelFormatError
 from ..execution import Execution
 from ..ops import attention as attn_ops
-from ..ops import (chunk_delta, cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norm_router,
-                   cuda_norms, cuda_slots, cuda_stream_moe, grouped_moe)
+from ..ops import (chunk_delta, cuda_attention, cuda_deltanet, cuda_fusions, cuda_gemv, cuda_moe, cuda_norm_route,
+                   cuda_norm_router, cuda_norms, cuda_slots, cuda_stream_moe, grouped_moe)
 from ..ops import deltanet as dn_ops
 from ..ops import linear as lin_ops
 from ..state import State, StateShapes
@@ -690,12 +690,20 @@ class Model:
         that make h, done in the router product's launch (cuda_fusions.NORM_ROUTER), h None."""
         e, si = m.n_experts, m.shared_inter
         router = m.pre[:e + 1 + (-(e + 1)) % 8]                 # router + shared gate rows, a view
+        shared_gu = m.pre[e + 1:e + 1 + 2 * si]
+        if (before is not None and cuda_fusions.ROUTE_CLUSTER and not cuda_fusions.STREAM_MOE
+                and not cuda_fusions.MOE_TAIL and cuda_norm_route.fits(x, before[0], before[1], router, e, m.top_k)):
+            # the router in the same launch: the gate/up launch right after it writes its input, so
+            # the shared expert's programs wait too
+            x, h, top_w, top_i = cuda_norm_route.add_norm_route(x, before[0], before[1], eps, router, e, m.top_k,
+                                                                m.norm_topk)
+            return cuda_moe.experts_add_norm(h, top_w, top_i, m.gu_all, m.down_all, shared_gu, m.shared_down, x,
+                                             norm_w, eps, stream=False, shared_first=False)
         if before is not None:
             x, h, logits = cuda_norm_router.add_norm_router(x, before[0], before[1], eps, router)
         else:
             split = cuda_gemv.splits(*reversed(router.shape))
             logits = cuda_gemv.linear_rows(h, router, partials=split)   # split: the partials, summed by the router
-        shared_gu = m.pre[e + 1:e + 1 + 2 * si]
         h = h.contiguous()
         # one answer for both: the router may let only the stream gate/up launch early (the Triton
         # gate/up's shared programs read h before their wait)

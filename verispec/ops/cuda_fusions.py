@@ -35,8 +35,15 @@ captured, so a CUDA graph keeps what was set at its capture).
                      (verispec/ops/cuda_recurrence.py; needs cuda-bindings, else the Triton kernel
                      runs): its sums run in another order than the Triton kernel's
 
+  ROUTE_CLUSTER      (off unless asked for: an experiment, thirty-eighth session) NORM_ROUTER's
+                     launch and the router (softmax, top-K, the shared expert's gate) as one
+                     launch, a thread-block cluster a row whose first CTA routes once the others
+                     put their logits into its shared memory (verispec/ops/cuda_norm_route.py;
+                     needs cuda-bindings, else the two launches run): its sums run in another
+                     order than theirs; the gate/up programs of the shared expert then wait too
+
 `VERISPEC_FUSIONS_OFF=all` (or a comma-separated list of names) turns them off at import,
-`VERISPEC_FUSIONS_ON=MOE_TAIL,STREAM_MOE,REC` turns those on;
+`VERISPEC_FUSIONS_ON=MOE_TAIL,STREAM_MOE,REC,ROUTE_CLUSTER` turns those on;
 `bench/cuda_bench.py --sections fusions` measures each against the forward without it.
 Three more were built, measured and dropped (docs/cuda-history.md, "Tried and dropped"): the gated
 norm in the DeltaNet output product's loads, the router in the router product's last program,
@@ -53,3 +60,5 @@ MOE_TAIL = ("MOE_TAIL" in os.environ.get("VERISPEC_FUSIONS_ON", "").split(",")) 
 STREAM = not _off & {"all", "STREAM"}
 STREAM_MOE = ("STREAM_MOE" in os.environ.get("VERISPEC_FUSIONS_ON", "").split(",")) and not _off & {"all", "STREAM_MOE"}
 REC = ("REC" in os.environ.get("VERISPEC_FUSIONS_ON", "").split(",")) and not _off & {"all", "REC"}
+ROUTE_CLUSTER = (("ROUTE_CLUSTER" in os.environ.get("VERISPEC_FUSIONS_ON", "").split(","))
+                 and not _off & {"all", "ROUTE_CLUSTER", "NORM_ROUTER"})

@@ -381,11 +381,12 @@ def available(device: torch.device) -> bool:
 
 
 def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, pred=None, pred_blocks=1,
-           down_early=None):
+           down_early=None, shared_first=True):
     """The gate/up + SwiGLU and down kernels over every (row, slot) pair -> y [R * slots, H] fp32.
     pred: a predicted id a pair, int32 like ids (-1: none), for _gate_up_act's PRED (pred_blocks
     of its K blocks; an experiment, the model passes none). down_early: _down_pair's EARLY_W
-    (None: DOWN_EARLY where the shape allows it)."""
+    (None: DOWN_EARLY where the shape allows it). shared_first False: every program waits before it
+    reads x (the launch just before writes it: cuda_norm_route), whatever SHARED_FIRST says."""
     e, two_i, h = gu_all.shape
     inter = two_i // 2
     n = ids.numel()
@@ -393,7 +394,7 @@ def _pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, pred
     dn_off = (shared_down.data_ptr() - down_all.data_ptr()) // down_all.element_size() if shared_down is not None else 0
     act = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     bn, bk, nw, ns = CONFIG["gate_up"]
-    first = SHARED_FIRST and shared_gu is not None
+    first = SHARED_FIRST and shared_first and shared_gu is not None
     _gate_up_act[(n, triton.cdiv(inter, bn))](x, gu_all, ids, act, gu_off, n // pairs_per_row, inter, h,
                                               TOP_K=pairs_per_row, E=e, BLOCK_N=bn, BLOCK_K=bk, SHARED_FIRST=first,
                                               num_warps=nw, num_stages=ns, **cuda_launch.flags(x.device),
@@ -450,7 +451,7 @@ def stream_moe_runs(x, slots: int, gu_all, down_all, shared_gu, shared_down) -> 
 def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, gu_all: torch.Tensor,
                      down_all: torch.Tensor, shared_gu: torch.Tensor, shared_down: torch.Tensor,
                      resid: torch.Tensor, norm_w: torch.Tensor, eps: float,
-                     stream: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     stream: bool | None = None, shared_first: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole MoE after the router, and the residual add with the next norm, in three
     launches (or, with cuda_fusions.MOE_TAIL where cuda_moe_tail fits, one). top_w, top_i [R, K + 1] from route_shared (slot K: the shared expert, id E);
     shared_gu [2I, H] and shared_down [H, I] (the shared expert's weights, any storage: its
@@ -458,7 +459,8 @@ def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, 
     written before the launch that made top_i: the shared expert's programs read it before
     their wait (SHARED_FIRST; the router between them keeps it so).
     stream: the caller's stream_moe_runs answer, given when it let the router launch the stream
-    gate/up early (so the two cannot disagree); None: asked here.
+    gate/up early (so the two cannot disagree); None: asked here. shared_first False (x written by
+    the launch just before, cuda_norm_route): the shared expert's programs wait too.
     -> (resid + moe(x), ZC-norm of it with norm_w), as add_row_norm would return them."""
     rows, slots = top_i.shape
     h = gu_all.shape[2]
@@ -472,7 +474,7 @@ def experts_add_norm(x: torch.Tensor, top_w: torch.Tensor, top_i: torch.Tensor, 
     if stream is None:
         stream = stream_moe_runs(x, slots, gu_all, down_all, shared_gu, shared_down)
     y = (cuda_stream_moe.pairs(x, top_i, gu_all, down_all, shared_gu, shared_down) if stream
-         else _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down))
+         else _pairs(x, top_i.reshape(-1), gu_all, down_all, slots, shared_gu, shared_down, shared_first=shared_first))
     s, out = torch.empty(rows, h, dtype=x.dtype, device=x.device), torch.empty(rows, h, dtype=x.dtype, device=x.device)
     resid = resid.contiguous()
     _combine[(rows, 1)](y, top_w, out, top_w, 0, out, resid, norm_w.contiguous(), s, eps, h, TOP_K=slots - 1,

@@ -127,23 +127,39 @@ def compile_kernel(device: torch.device, source: str, name: str, defines: dict, 
     return fn
 
 
-def launch(fn, smem: int, threads: int, grid: int, stream: int, pdl: bool, args: list, what: str) -> None:
-    """fn<<<grid, threads, smem, stream>>>(args) (ctypes values), with PDL when pdl."""
+def launch(fn, smem: int, threads: int, grid: int, stream: int, pdl: bool, args: list, what: str,
+           cluster: int = 0) -> None:
+    """fn<<<grid, threads, smem, stream>>>(args) (ctypes values), with PDL when pdl, in clusters of
+    `cluster` CTAs along x when given (fn allowed that size: cluster_function)."""
     cfg = cu.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid, 1, 1
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads, 1, 1
     cfg.sharedMemBytes = smem
     cfg.hStream = cu.CUstream(stream)
+    attrs = []
     if pdl:
         attr = cu.CUlaunchAttribute()
         attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         attr.value.programmaticStreamSerializationAllowed = 1
-        cfg.attrs = [attr]
-        cfg.numAttrs = 1
-    else:
-        cfg.numAttrs = 0
+        attrs.append(attr)
+    if cluster:
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
+        attrs.append(attr)
+    if attrs:
+        cfg.attrs = attrs
+    cfg.numAttrs = len(attrs)
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     ok(cu.cuLaunchKernelEx(cfg, fn, ctypes.addressof(params), 0), f"cuLaunchKernelEx({what})")
+
+
+def cluster_function(fn, size: int):
+    """Lets fn launch in clusters of `size` CTAs (over 8, the non-portable sizes Hopper allows)."""
+    if size > 8:
+        ok(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+           "cuFuncSetAttribute(non-portable cluster size)")
+    return fn
 
 
 def tensor_map(w: torch.Tensor, box_rows: int, box_k: int):
