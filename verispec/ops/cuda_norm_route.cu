@@ -46,6 +46,14 @@ __device__ __forceinline__ void st_cluster(const float* local, unsigned rank, fl
     asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(a), "f"(v) : "memory");
 }
 
+// a weight's 8 bytes by a plain load: ptxas keeps it ahead of the griddepcontrol.wait that
+// follows (it moved __ldg's and ld.global.nc's loads past the wait, sm_90 SASS)
+__device__ __forceinline__ uint2 ld_weight(const void* p) {
+    uint2 v;
+    asm volatile("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -80,14 +88,15 @@ extern "C" __global__ void __launch_bounds__(THREADS) norm_route(
     cluster_arrive_relaxed();               // this CTA has started: its shared memory may be written
 
     // the CTA's router rows, before the wait; a thread's groups: elements 4 (tid + THREADS j) ..
+    // (rows past NOUT read row NOUT - 1 again: unconditional loads stay ahead of the wait; their
+    // sums are never stored)
     uint2 wr[COLS][KV];
 #pragma unroll
     for (int c = 0; c < COLS; ++c) {
-        const int n = rank * COLS + c;
+        const int n = min((int)rank * COLS + c, NOUT - 1);
 #pragma unroll
         for (int j = 0; j < KV; ++j)
-            wr[c][j] = n < NOUT ? __ldg(reinterpret_cast<const uint2*>(w + (size_t)n * HD) + tid + THREADS * j)
-                                : make_uint2(0, 0);
+            wr[c][j] = ld_weight(reinterpret_cast<const uint2*>(w + (size_t)n * HD) + tid + THREADS * j);
     }
     if (pdl) {   // verispec/ops/cuda_launch.py: nothing the previous kernel writes is touched before it is done
         asm volatile("griddepcontrol.wait;" ::: "memory");
