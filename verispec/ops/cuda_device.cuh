@@ -1,5 +1,5 @@
 // Device helpers shared by our CUDA C++ kernels (cuda_moe_tail.cu, cuda_stream_gemv.cu,
-// cuda_stream_moe.cu, and bench/cuda_step_probe.cu): bf16 as its bits, the mbarrier, bulk-copy and
+// cuda_stream_moe.cu, cuda_recurrence.cu, cuda_norm_route.cu, and bench/cuda_step_probe.cu): bf16 as its bits, the mbarrier, bulk-copy and
 // 2D TMA instructions of the copy engine, the tensor-core product and a grid barrier.
 // NVRTC gets it as a header (cuda_nvrtc.compile_kernel); no system headers.
 #pragma once
@@ -14,6 +14,24 @@ __device__ __forceinline__ bf16 f2bf(float f) {       // round to nearest even, 
     return r;
 }
 __device__ __forceinline__ float round_bf(float f) { return bf2f(f2bf(f)); }
+
+// a bf16 pair word's halves (the lower element first), four elements from a uint2
+__device__ __forceinline__ void unpack4(uint2 u, float* f) {
+    f[0] = __uint_as_float(u.x << 16);
+    f[1] = __uint_as_float(u.x & 0xffff0000u);
+    f[2] = __uint_as_float(u.y << 16);
+    f[3] = __uint_as_float(u.y & 0xffff0000u);
+}
+
+// a fixed butterfly over the warp: every lane gets the same sum, in the same order for any launch
+__device__ __forceinline__ float warp_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 16);
+    v += __shfl_xor_sync(0xffffffffu, v, 8);
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v;
+}
 
 __device__ __forceinline__ unsigned saddr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 

@@ -77,15 +77,6 @@ __device__ __forceinline__ void dot_rows(const bf16* w, const uint4* v, int lane
     }
 }
 
-__device__ __forceinline__ float warp_sum(float v) {   // a fixed butterfly: every lane gets the same sum
-    v += __shfl_xor_sync(0xffffffffu, v, 16);
-    v += __shfl_xor_sync(0xffffffffu, v, 8);
-    v += __shfl_xor_sync(0xffffffffu, v, 4);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    return v;
-}
-
 // unit i: warp i % WARPS, in that warp's slots in turn; use = how many units the slot had before
 __device__ __forceinline__ int slot_of(int i) { return (i % WARPS) * SPW + (i / WARPS) % SPW; }
 __device__ __forceinline__ int use_of(int i) { return i / WARPS / SPW; }

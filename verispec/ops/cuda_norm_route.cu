@@ -54,11 +54,6 @@ __device__ __forceinline__ uint2 ld_weight(const void* p) {
     return v;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -108,13 +103,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) norm_route(
     float q = 0.f;
 #pragma unroll
     for (int j = 0; j < KV; ++j) {
-        const uint2 xv = __ldcg(reinterpret_cast<const uint2*>(x + row * HD) + tid + THREADS * j);
-        const uint2 hv = __ldcg(reinterpret_cast<const uint2*>(h + row * HD) + tid + THREADS * j);
-        const unsigned xs[4] = {xv.x & 0xffffu, xv.x >> 16, xv.y & 0xffffu, xv.y >> 16};
-        const unsigned hs[4] = {hv.x & 0xffffu, hv.x >> 16, hv.y & 0xffffu, hv.y >> 16};
+        float xf[4], hf[4];
+        unpack4(__ldcg(reinterpret_cast<const uint2*>(x + row * HD) + tid + THREADS * j), xf);
+        unpack4(__ldcg(reinterpret_cast<const uint2*>(h + row * HD) + tid + THREADS * j), hf);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            sv[j][e] = round_bf(bf2f((bf16)xs[e]) + bf2f((bf16)hs[e]));
+            sv[j][e] = round_bf(xf[e] + hf[e]);
             q += sv[j][e] * sv[j][e];
         }
     }
@@ -130,12 +124,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) norm_route(
     float yv[KV][4];
 #pragma unroll
     for (int j = 0; j < KV; ++j) {
-        const uint2 nv = __ldg(reinterpret_cast<const uint2*>(nw) + tid + THREADS * j);
-        const unsigned ns[4] = {nv.x & 0xffffu, nv.x >> 16, nv.y & 0xffffu, nv.y >> 16};
+        float nf[4];
+        unpack4(__ldg(reinterpret_cast<const uint2*>(nw) + tid + THREADS * j), nf);
         unsigned sb[4], yb[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const bf16 yh = f2bf(sv[j][e] * r * (1.f + bf2f((bf16)ns[e])));
+            const bf16 yh = f2bf(sv[j][e] * r * (1.f + nf[e]));
             yv[j][e] = bf2f(yh);
             yb[e] = yh;
             sb[e] = f2bf(sv[j][e]);
@@ -150,11 +144,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) norm_route(
         float a = 0.f;
 #pragma unroll
         for (int j = 0; j < KV; ++j) {
-            const uint2 v = wr[c][j];
-            a += bf2f((bf16)(v.x & 0xffffu)) * yv[j][0];
-            a += bf2f((bf16)(v.x >> 16)) * yv[j][1];
-            a += bf2f((bf16)(v.y & 0xffffu)) * yv[j][2];
-            a += bf2f((bf16)(v.y >> 16)) * yv[j][3];
+            float wf[4];
+            unpack4(wr[c][j], wf);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a += wf[e] * yv[j][e];
         }
         a = warp_sum(a);
         if (lane == 0) part[warp][c] = a;

@@ -26,13 +26,6 @@ constexpr int HK = HV / REP;
 constexpr int NB = DV / (CB * WARPS);   // CTAs a value head
 constexpr unsigned FULL = 0xffffffffu;
 
-__device__ __forceinline__ void unpack4(uint2 u, float* f) {
-    f[0] = __uint_as_float(u.x << 16);
-    f[1] = __uint_as_float(u.x & 0xffff0000u);
-    f[2] = __uint_as_float(u.y << 16);
-    f[3] = __uint_as_float(u.y & 0xffff0000u);
-}
-
 #if FAST
 __device__ __forceinline__ float ex(float x) { return __expf(x); }
 __device__ __forceinline__ float lg(float x) { return __logf(x); }
