@@ -149,15 +149,19 @@ class Ablation:
         return self.pairs(x, ids, gu_all, down_all, pairs_per_row, shared_gu, shared_down, pred=pred,
                           pred_blocks=self.blocks, down_early=self.down_early, shared_first=shared_first)
 
-    def _fixed_route(self, x, rows, n_experts, top_k, norm, early=False):
+    @staticmethod
+    def _fixed_shape(n_experts, top_k):
         if n_experts != 256 or top_k != 8:
             raise ValueError("the fixed routing is for 256 experts, top 8")
+
+    def _fixed_route(self, x, rows, n_experts, top_k, norm, early=False):
+        self._fixed_shape(n_experts, top_k)
         return self.w[:rows], self.ids[:rows]
 
     def _contig_route(self, x, rows, n_experts, top_k, norm, early=False):
         """The real router's launch, then every row on experts 0..7 and the shared expert."""
+        self._fixed_shape(n_experts, top_k)
         self.route_shared(x, rows, n_experts, top_k, norm)
-        self._fixed_route(x, rows, n_experts, top_k, norm)     # the same shape checks
         return self.w[:rows], self.contig[:rows]
 
     def set_l2experts(self, plan: dict) -> None:

@@ -18,13 +18,11 @@ ROWS = list(range(1, 9)) + [12, 16]
 
 
 @pytest.fixture(params=[8, 16])
-def cluster(request):
+def cluster(request, monkeypatch):
     if not cuda_norm_route.available(torch.device("cuda")):
         pytest.skip("the cluster router kernel does not build here")
-    kept = cuda_norm_route.CLUSTER
-    cuda_norm_route.CLUSTER = request.param
-    yield request.param
-    cuda_norm_route.CLUSTER = kept
+    monkeypatch.setattr(cuda_norm_route, "CLUSTER", request.param)
+    return request.param
 
 
 def _inputs():
@@ -119,34 +117,24 @@ def test_model_rows_invariant_with_the_cluster_router(cluster, monkeypatch):
         calls.append(1)
         return real(*a, **kw)
     monkeypatch.setattr(cuda_norm_route, "add_norm_route", counted)
-    kept = cuda_fusions.ROUTE_CLUSTER
+    monkeypatch.setattr(cuda_fusions, "ROUTE_CLUSTER", False)      # (put back after the test)
 
-    def setter(on):
-        def set_():
-            cuda_fusions.ROUTE_CLUSTER = on
-        return set_
-    try:
-        default, eager, graphed = model_rows_by_arm(5, [(True, setter(False)), (False, setter(True)),
-                                                       (True, setter(True))])
-    finally:
-        cuda_fusions.ROUTE_CLUSTER = kept
+    def route(on):
+        return lambda: setattr(cuda_fusions, "ROUTE_CLUSTER", on)
+    default, eager, graphed = model_rows_by_arm(5, [(True, route(False)), (False, route(True)), (True, route(True))])
     assert calls
     assert torch.equal(eager, graphed)
     assert (default - graphed).abs().max() < 0.25 * default.abs().max()
 
 
-def test_cluster_size_moves_no_bit():
+def test_cluster_size_moves_no_bit(monkeypatch):
     """A row's sums do not depend on how its columns are dealt to the cluster's CTAs."""
     if not cuda_norm_route.available(torch.device("cuda")):
         pytest.skip("the cluster router kernel does not build here")
     e, k, router, x, hx, nw = _inputs()
-    kept = cuda_norm_route.CLUSTER
     got = {}
-    try:
-        for size in (8, 12, 16):
-            cuda_norm_route.CLUSTER = size
-            got[size] = cuda_norm_route.add_norm_route(x[:5], hx[:5], nw, 1e-6, router, e, k, True)
-    finally:
-        cuda_norm_route.CLUSTER = kept
+    for size in (8, 12, 16):
+        monkeypatch.setattr(cuda_norm_route, "CLUSTER", size)
+        got[size] = cuda_norm_route.add_norm_route(x[:5], hx[:5], nw, 1e-6, router, e, k, True)
     assert all(torch.equal(a, b) for a, b in zip(got[12], got[8]))
     assert all(torch.equal(a, b) for a, b in zip(got[16], got[8]))
