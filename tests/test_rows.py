@@ -123,6 +123,22 @@ def test_prefill_attention_is_causal_after_a_cached_prefix(start):
     torch.testing.assert_close(attention.attend_prefill(q, kc, vc, start, 0.25), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,start", [(7, 0), (64, 0), (1, 12), (5, 3), (33, 40)])
+def test_prefill_attention_is_the_causal_bias_call_bit_for_bit(dtype, rows, start):
+    """attend_prefill leaves torch.nn.attention.bias alone off CUDA (its import pulls in torch._dynamo
+    at start-up); the output must be the bias's own, bit for bit, from 0 and after."""
+    from torch.nn.attention.bias import causal_lower_right
+    g = torch.Generator().manual_seed(rows + start)
+    n = start + rows
+    kc, vc = (torch.randn(2, n + 4, 16, generator=g).to(dtype) for _ in range(2))
+    q = torch.randn(rows, 8, 16, generator=g).to(dtype)
+    k, v = (c[:, :n].repeat_interleave(4, dim=0)[None] for c in (kc, vc))
+    want = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=causal_lower_right(rows, n),
+                                          scale=0.25)[0].transpose(0, 1)
+    assert torch.equal(attention.attend_prefill(q, kc, vc, start, 0.25), want)
+
+
 def test_conv_and_recurrence_rows():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(8, 48, generator=g)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 
 def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, scale: float) -> torch.Tensor:
@@ -37,11 +36,20 @@ def attend_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     n = start + rows
     k = k_cache[:, :n, :].repeat_interleave(heads // kv_heads, dim=0)   # [heads, n, hd]
     v = v_cache[:, :n, :].repeat_interleave(heads // kv_heads, dim=0)
-    # query row m sees keys 0..start+m; as a causal bias (not a dense mask) SDPA can take its flash
-    # kernels on CUDA: with the mask it ran its fp32 math path there, ~9 ms a layer for 4096 rows
-    # (bench/prefill_profile.py, device call 154)
-    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None],
-                                       attn_mask=causal_lower_right(rows, n), scale=scale)
+    q, k, v = q.transpose(0, 1)[None], k[None], v[None]
+    # query row m sees keys 0..start+m. torch.nn.attention.bias's causal_lower_right says so and lets
+    # SDPA take its flash kernels on CUDA (with a dense mask it ran its fp32 math path there, ~9 ms a
+    # layer for 4096 rows: bench/prefill_profile.py, device call 154). Off CUDA, and for a square
+    # block anywhere, the bias dispatches exactly the calls below; importing it imports torch._dynamo,
+    # ~1.4 s of every CLI start, so only CUDA pays that.
+    if start == 0:
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    elif q.is_cuda:
+        from torch.nn.attention.bias import causal_lower_right
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(rows, n), scale=scale)
+    else:
+        seen = torch.ones(rows, n, dtype=torch.bool, device=q.device).tril(start)      # [rows, n]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=seen, scale=scale)
     return o[0].transpose(0, 1)
 
 
