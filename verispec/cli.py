@@ -67,7 +67,8 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--usage-save", type=_onoff, default=True)
     p.add_argument("--gate", type=_onoff, default=True, help="off: draft every proposal in full (tests)")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: 1 for a small model on the CPU, else torch's: verispec/cpu_threads.py)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -194,6 +195,7 @@ def _sampling_words(s) -> str:
 def cmd_run(a: argparse.Namespace) -> int:
     import torch
 
+    from . import cpu_threads
     from .config import DraftSettings, RunSettings
     from .engine import load_engine
     from .fingerprint import checkpoint_fingerprint
@@ -227,6 +229,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     settings = RunSettings(max_tokens=a.max_tokens, sampling=sampling, drafts=drafts,
                            prefill_batch=a.prefill_batch, context=a.context)
     eng = load_engine(_model_dir(a.model), read_mtp=a.mtp != "off", usage_file=a.vocab_usage, device=a.device)
+    if a.threads is None:
+        cpu_threads.apply_default(eng)
     if a.prompt_ids is not None:
         prompt = a.prompt_ids
     else:

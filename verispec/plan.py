@@ -46,6 +46,27 @@ def weight_params(a: ModelArgs) -> int:
     return n + sum(_layer_params(a, i, t) for i, t in enumerate(a.layer_types))
 
 
+def active_params(a: ModelArgs) -> int:
+    """The weights one decode row reads: every mixer matrix, the router, the shared expert and
+    top-k routed experts (or the dense MLP) per layer, and the lm_head (the embedding row and the
+    norms are negligible)."""
+    h = a.hidden_size
+    total = a.vocab_size * h
+    for i, kind in enumerate(a.layer_types):
+        if kind == "linear_attention":
+            kd, vd = a.key_dim, a.value_dim
+            total += h * (2 * kd + 2 * vd + 2 * a.linear_num_value_heads) + vd * h
+        else:
+            nh, nkv, hd = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+            total += h * (2 * nh * hd + 2 * nkv * hd) + nh * hd * h
+        if a.is_moe(i):
+            total += (a.num_experts + 1 + 3 * a.shared_expert_intermediate_size) * h
+            total += a.num_experts_per_tok * 3 * a.moe_intermediate_size * h
+        else:
+            total += 3 * h * a.intermediate_size
+    return total
+
+
 def mtp_params(a: ModelArgs) -> int:
     if not a.mtp_layers:
         return 0

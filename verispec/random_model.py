@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from .models import ModelArgs
+from .plan import active_params
 from .weights import Checkpoint
 
 QWEN36_35B_A3B_SHAPE = {
@@ -162,24 +164,8 @@ def random_checkpoint(config: dict, *, seed: int = 0, device="cpu", dtype=torch.
 
 
 def active_weight_bytes(config: dict, elem: int = 2) -> int:
-    """Bytes of the weights one decode row must read: every dense matrix, the router, the
-    shared expert, top-k experts per MoE layer, the lm_head (the embedding row is negligible)."""
-    c = config
-    h = c["hidden_size"]
-    kd = c["linear_num_key_heads"] * c["linear_key_head_dim"]
-    vd = c["linear_num_value_heads"] * c["linear_value_head_dim"]
-    hv = c["linear_num_value_heads"]
-    nh, nkv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
-    lin = (2 * kd + 2 * vd + 2 * hv) * h + vd * h
-    full = (2 * nh * hd + 2 * nkv * hd) * h + h * nh * hd
-    e, k, i, si = c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
-    moe_fixed = (e + 1 + 3 * si) * h
-    expert = 3 * i * h
-    total = 0
-    for kind in c["layer_types"]:
-        total += (lin if kind == "linear_attention" else full) + moe_fixed + k * expert
-    total += c["vocab_size"] * h
-    return total * elem
+    """Bytes of the weights one decode row must read (verispec.plan.active_params) at elem bytes each."""
+    return elem * active_params(ModelArgs.from_dict(config))
 
 
 def expert_bytes(config: dict, elem: int = 2) -> int:

@@ -35,6 +35,9 @@ def build_server(a):
                            mtp_pstep=a.mtp_pstep, mtp_vocab=a.mtp_vocab, gate=a.gate)
     model_dir = _model_dir(a.model)
     eng = load_engine(model_dir, read_mtp=a.mtp != "off", usage_file=a.vocab_usage, device=a.device)
+    if a.threads is None:
+        from . import cpu_threads
+        cpu_threads.apply_default(eng)
     if a.mtp == "on" and not eng.has_mtp:
         raise UsageError(f"--mtp on: {eng.path} has no MTP head (mtp.* tensors)")
     limit = eng.args.max_position_embeddings
