@@ -569,3 +569,15 @@ def test_serve_binds_and_listens_before_the_model_loads():
     finally:
         for sock in first:
             sock.close()
+
+
+def test_help_and_usage_errors_do_not_import_torch():
+    """`verispec --help` and a mistyped flag answer before torch loads (a second and more here):
+    the parser's modules import no torch."""
+    code = ("import sys\nfrom verispec.cli import main\n"
+            "for argv in (['--help'], ['run', '--max-tokens', 'x'], ['bench', '--help'], ['fixture', '--help']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stderr[-2000:]
+    assert "invalid int value: 'x'" in out.stderr

@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from verispec.fixture import BYTE_VOCAB, FAMILIES, add_fixture_args, main_fixture, make_fixture
+from verispec.fixture import BYTE_VOCAB, FAMILIES, main_fixture, make_fixture
+from verispec.fixture_args import add_fixture_args
 from verispec.tokenizer import Tokenizer
 
 H, HEADS, KV_HEADS, HEAD_DIM, E, I_MOE, I_SHARED = 64, 4, 2, 16, 4, 32, 32

@@ -21,20 +21,9 @@ from .config import DraftSettings, RunSettings
 from .engine import Engine
 from .errors import UsageError
 from .execution import Execution
-from .random_model import PRESETS, ROUTINGS, preset_config, random_checkpoint
+from .random_model import preset_config, random_checkpoint
 
 ARMS = {"plain": None, "mtp1": ("bernoulli:0.97", 1), "mtp2": ("bernoulli:0.97,0.83", 2)}
-
-
-def add_bench_args(b) -> None:
-    b.add_argument("--random-config", required=True, choices=sorted(PRESETS), help="the shape to build")
-    b.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's (default: all)")
-    b.add_argument("--routing", choices=ROUTINGS, default="independent")
-    b.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
-    b.add_argument("--tokens", type=int, default=32)
-    b.add_argument("--rounds", type=int, default=3)
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--json", action="store_true")
 
 
 def _sync(eng: Engine) -> None:

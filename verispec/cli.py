@@ -121,11 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_draft_args(s)
 
     b = sub.add_parser("bench", help="decode speed on random weights at a named shape (e.g. qwen3.6-35b-a3b-shape)")
-    from .bench_cmd import add_bench_args
+    from .bench_args import add_bench_args
     add_bench_args(b)
 
     f = sub.add_parser("fixture", help="write a tiny random test checkpoint (needs transformers)")
-    from .fixture import add_fixture_args
+    from .fixture_args import add_fixture_args
     add_fixture_args(f)
     return ap
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = ("qwen3_next", "qwen3_5_moe")
+from .fixture_args import DEFAULT_LM_HEAD_SCALE, FAMILIES  # noqa: F401  (re-exported)
+
 SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")  # ids 256, 257, 258
 BYTE_VOCAB = 256 + len(SPECIAL_TOKENS)
 
@@ -31,7 +32,6 @@ BYTE_VOCAB = 256 + len(SPECIAL_TOKENS)
 # initializer ranges (0.3, 0.5) gave no better margins. `weight_scale` multiplies every
 # matrix on top of this.
 DEFAULT_INITIALIZER_RANGE = 0.2
-DEFAULT_LM_HEAD_SCALE = 4.0
 NORM_STD = 0.1  # random RMSNorm weights, so (1 + w) vs w and pre/post-norm wiring matter
 
 CHATML_TEMPLATE = (
@@ -249,21 +249,6 @@ def _save_quietly(model, out: Path) -> None:
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
-
-
-def add_fixture_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--family", choices=FAMILIES, default="qwen3_next")
-    p.add_argument("--mtp", action="store_true", help="add a random MTP head (mtp.* tensors)")
-    p.add_argument("--byte-tokenizer", action="store_true", help="256-id byte-level tokenizer and a chat template")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--hidden-size", type=int, default=64)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--vocab-size", type=int, default=None)
-    p.add_argument("--experts", type=int, default=4)
-    p.add_argument("--top-k", type=int, default=2, help="experts per token")
-    p.add_argument("--weight-scale", type=float, default=1.0)
-    p.add_argument("--lm-head-scale", type=float, default=DEFAULT_LM_HEAD_SCALE)
 
 
 def _check_args(a: argparse.Namespace) -> None:
