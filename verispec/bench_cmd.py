@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from . import cpu_threads
 from .config import DraftSettings, RunSettings
 from .engine import Engine
 from .errors import UsageError
@@ -51,6 +52,7 @@ def run_bench(a) -> int:
     t0 = time.perf_counter()
     eng = Engine.from_checkpoint(random_checkpoint(cfg, seed=a.seed, device=ex.device, dtype=ex.dtype,
                                                    routing=a.routing, name=a.random_config), ex)
+    cpu_threads.apply_default(eng)     # as `verispec run` picks without --threads
     print(f"[verispec bench] {a.random_config} ({cfg['num_hidden_layers']} layers, {a.routing} routing) on "
           f"{ex.device} {str(ex.dtype).replace('torch.', '')}: built in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr)
