@@ -11,6 +11,10 @@ decode_tok_s is read from the JSON. Arms, interleaved within a round (A B C A B 
   tall_spin  --threads <CPUs online>, OMP_WAIT_POLICY unset: GNU OpenMP spins a while before sleeping
 "Busy" runs a spinning process (pure Python, one core) beside each round, as a shared box has.
 
+`--products` instead times the row kernel alone (verispec.ops.linear) on one thread and on every
+CPU, passive waiting, for weights of 0.3-67 MB at 1 and 4 rows, in a loop with a small torch op
+between calls as a forward has: where the second thread starts to pay. Raw: OUT/cpu_threads_products.json.
+
 Models: `default` the bundled model; `small` and `mid` random checkpoints written once by
 verispec.fixture.make_fixture under $XDG_CACHE_HOME/verispec-bench (83 and 570 MiB of active fp32
 weights a token; the bundled model reads 34 MiB). Raw: OUT/cpu_threads.json; a table on stdout.
@@ -77,6 +81,42 @@ def run_arm(arm: str, model: Path, prompt: list[str], tokens: int) -> float:
     return json.loads(out.stdout)["stats"]["decode_tok_s"]
 
 
+PRODUCT_SHAPES = ((256, 256), (512, 256), (1024, 256), (1024, 512), (1024, 1024), (2048, 1024), (4096, 1024),
+                  (8192, 1024), (8192, 2048))
+
+
+def products(rounds: int) -> dict:
+    """{"NxK": {rows: {"1": us, "all": us}}}: medians over rounds of the mean time a call (in process:
+    verispec sets OMP_WAIT_POLICY=PASSIVE on import, before torch loads)."""
+    import verispec  # noqa: F401  (the wait policy, before torch)
+    import torch
+
+    from verispec.ops import linear as lin
+
+    n_all = os.cpu_count()
+    out = {}
+    for n, k in PRODUCT_SHAPES:
+        w = torch.randn(n, k)
+        out[f"{n}x{k}"] = {}
+        for m in (1, 4):
+            x = torch.randn(m, k)
+            t = {"1": [], "all": []}
+            for _ in range(rounds):
+                for arm, th in (("1", 1), ("all", n_all)):
+                    torch.set_num_threads(th)
+                    reps = max(20, int(2e7 / (n * k)))
+                    t0 = time.perf_counter()
+                    for _ in range(reps):
+                        lin.linear(x, w)
+                        x.add_(0.0)
+                    t[arm].append((time.perf_counter() - t0) / reps * 1e6)
+            a, b = statistics.median(t["1"]), statistics.median(t["all"])
+            out[f"{n}x{k}"][m] = {"1": a, "all": b}
+            print(f"[cpu_threads] product {n}x{k} ({n * k * 4 / 1e6:.1f} MB), {m} rows: 1 thread {a:.1f} us, "
+                  f"{n_all} threads {b:.1f} us ({a / b:.2f}x)", flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="default,small,mid")
@@ -85,7 +125,17 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--busy", choices=("both", "no", "yes"), default="both")
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench/results")))
+    ap.add_argument("--products", action="store_true", help="time the row kernel alone (see above)")
     a = ap.parse_args()
+    if a.products:
+        doc = {"machine": {"cpus_online": os.cpu_count(), "python": platform.python_version(),
+                           "load_at_start": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M"),
+                           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "PASSIVE (verispec's)")},
+               "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "products_us": products(a.rounds)}
+        doc["machine"]["load_at_end"] = os.getloadavg()
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "cpu_threads_products.json").write_text(json.dumps(doc, indent=1))
+        return 0
     arms = a.arms.split(",")
     if set(arms) - set(ARMS) or not arms:
         ap.error(f"--arms: some of {','.join(ARMS)}")
