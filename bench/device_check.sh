@@ -4,7 +4,7 @@
 #
 #   bash bench/device_check.sh [STEP ...]        (in the repository root; results under $OUT)
 #
-# Steps, in the order given (default: route-tests route l2e stream-tests):
+# Steps, in the order given (default: route-tests stream-tests route l2e: the tests first):
 #   route-tests    tests/test_cuda_norm_route.py                        (the cluster router, never run yet)
 #   stream-tests   tests/test_cuda_stream_gemv.py tests/test_stream_conv_fits.py
 #   suites         every GPU suite with the CLI and server tests (carry .devpkgs: the server's wheels)
@@ -77,7 +77,7 @@ suites() {
     PATH=/tmp/bin:$PATH PYTHONPATH=$PYTHONPATH:/tmp/pk pytest_run suites 420 $GPU_SUITES
 }
 
-[ $# -gt 0 ] || set -- route-tests route l2e stream-tests
+[ $# -gt 0 ] || set -- route-tests stream-tests route l2e
 STEPS=" route-tests stream-tests suites all route grid l2e ablation "
 for step in "$@"; do   # a mistyped step is said before any runs, not after the time is spent
     case $STEPS in *" $step "*) ;; *) echo "unknown step '$step' (one of:$STEPS)"; exit 2 ;; esac
