@@ -22,9 +22,10 @@ def test_the_rule_follows_the_bytes_a_decode_row_reads():
 
 def _run(capsys, *extra):
     capsys.readouterr()
-    rc = main(["run", "def f(x):", "--max-tokens", "2", "--device", "cpu", "--usage-save", "off", *extra])
-    err = capsys.readouterr().err
+    rc = main(["run", "def f(x):", "--max-tokens", "2", "--device", "cpu", "--usage-save", "off", "--json", *extra])
+    out, err = capsys.readouterr()
     assert rc == 0, err
+    assert json.loads(out)["stats"]["threads"] == torch.get_num_threads()     # --json says what the run used
 
 
 def test_run_picks_one_thread_for_the_bundled_model_unless_told(capsys, monkeypatch):

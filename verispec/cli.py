@@ -258,7 +258,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.json:
         # what a --reference made from this output is checked against (_check_reference)
         run = {"prompt_ids": list(prompt), "sampling": dataclasses.asdict(sampling), "model": model}
-        _print_stdout(json.dumps({"ids": res.ids, "text": res.text, "stats": res.stats, **run}))
+        stats = {**res.stats, "threads": torch.get_num_threads()}     # the count the run used (cpu_threads)
+        _print_stdout(json.dumps({"ids": res.ids, "text": res.text, "stats": stats, **run}))
     else:
         _print_stdout(res.text)
     for line in report_lines(res.stats, gate_on=drafts.gate):
