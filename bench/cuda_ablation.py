@@ -205,7 +205,7 @@ def main() -> int:
                       row_counts=tuple(int(r) for r in a.rows.split(",")))
     finally:
         abl.set(())
-    limit = cb.active_weight_bytes(cb._cfg_dict(eng)) / bw
+    limit = cb._active_bytes(eng) / bw
     res = cb.RESULTS["ablation"]
     for rows, r in res.items():
         full = r["ms"]["full"]
@@ -242,7 +242,7 @@ def predict(eng, abl: Ablation, a, bw: float) -> int:
                       row_counts=rows)
     finally:
         abl.set(())
-    limit = cb.active_weight_bytes(cb._cfg_dict(eng)) / bw
+    limit = cb._active_bytes(eng) / bw
     res = cb.RESULTS.get("predict")
     if not res:
         print("cuda_ablation: no graphed forwards ran", file=sys.stderr)
@@ -314,7 +314,7 @@ def l2experts(eng, abl: Ablation, a, bw: float) -> int:
     finally:
         abl.set(())
         sg.L2_NEXT, sg.L2AT = kept
-    limit = cb.active_weight_bytes(cb._cfg_dict(eng)) / bw
+    limit = cb._active_bytes(eng) / bw
     res = cb.RESULTS.get("l2experts")
     if not res:
         print("cuda_ablation: no graphed forwards ran", file=sys.stderr)

@@ -57,6 +57,7 @@ Writes JSON to --out (default $OUT or bench/results) and prints a summary table 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -72,7 +73,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from verispec.config import DraftSettings, RunSettings  # noqa: E402
 from verispec.engine import Engine  # noqa: E402
 from verispec.execution import Execution  # noqa: E402
-from verispec.random_model import (active_weight_bytes, expert_bytes, preset_config,  # noqa: E402
+from verispec.plan import active_params  # noqa: E402
+from verispec.random_model import (expert_bytes, preset_config,  # noqa: E402
                                    random_checkpoint)
 
 RESULTS: dict = {}
@@ -139,7 +141,7 @@ def settings(n: int, **drafts) -> RunSettings:
 
 def decode(eng: Engine, n: int, rounds: int, bw: float) -> None:
     cfg = eng.args
-    ab = active_weight_bytes(_cfg_dict(eng))
+    ab = _active_bytes(eng)
     floor = ab / bw                # the issue's limit: every active weight read once at the copy bandwidth
     rates, walls = [], []
     eng.generate(PROMPT, settings(n))          # warm-up: graph captures, Triton compiles
@@ -173,6 +175,12 @@ def timed_generate(eng, prompt, s, **kw):
     _sync()
     wall = time.perf_counter() - t - res.stats["prefill_seconds"]
     return res, len(res.ids) / wall
+
+
+def _active_bytes(eng: Engine, top_k: int | None = None) -> int:
+    """The bf16 bytes one decode row reads (verispec.plan.active_params); top_k=0: without routed experts."""
+    a = eng.args if top_k is None else dataclasses.replace(eng.args, num_experts_per_tok=top_k)
+    return 2 * active_params(a)
 
 
 def _cfg_dict(eng: Engine) -> dict:
@@ -226,7 +234,7 @@ def verify(eng: Engine, rounds: int, bw: float, max_rows: int = 6, key: str = "v
             if r < 2:   # routing of these rows (the KV rows it writes are past kv_len; the recurrent state drifts: timing only)
                 distinct[n].append(_distinct_experts(eng, ids, st))
     cfg = _cfg_dict(eng)
-    dense = active_weight_bytes({**cfg, "num_experts_per_tok": 0})
+    dense = _active_bytes(eng, top_k=0)
     eb = expert_bytes(cfg)
     n_moe = len(cfg["layer_types"])
     out = {}

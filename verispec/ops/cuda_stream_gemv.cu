@@ -124,6 +124,25 @@ static_assert(CG == 1 || CG == 2, "8 or 16 columns a task");
 static_assert(THREADS >= 16 * TC / 2, "the reduction: two elements a thread at most");
 constexpr int AH = (UPW - 1 + SPW) / UPW;   // tasks past the one in hand whose units a warp may request
 
+// unit u's products into acc, B for (step st, group g) from b_at(st, g): column n of group g, elements 8q..
+// of step st (the same element positions as the A tile's: logical k 2q+e <-> 8q+e, 2q+8+e <-> 8q+2+e, and
+// 8q+4.., 8q+6.. for the second product). A template, not a generic lambda: NVRTC 13.3 takes a generic
+// lambda's operator for a host function in JIT mode and fails the build (device call 339).
+template <class BAt>
+__device__ __forceinline__ void unit_products(float (&acc)[CG][4], const uint4 (&xa)[XS], const uint4 (&xb)[XS],
+                                              int u, BAt b_at) {
+#pragma unroll
+    for (int st = 0; st < STEPS; ++st) {
+        const uint4 a = xa[u * STEPS + st], b = xb[u * STEPS + st];
+#pragma unroll
+        for (int g = 0; g < CG; ++g) {
+            const uint4 wv = b_at(st, g);
+            mma(acc[g], a.x, b.x, a.y, b.y, wv.x, wv.y);
+            mma(acc[g], a.z, b.z, a.w, b.w, wv.z, wv.w);
+        }
+    }
+}
+
 #if DYN
 __device__ unsigned long long dyn_ctr[512];  // DYN: the tickets a site's launches have taken
 #endif
@@ -283,33 +302,20 @@ stream_gemv(const __grid_constant__ TensorMap tmap, const bf16* __restrict__ x, 
 #pragma unroll
         for (int u = 0; u < UPW; ++u) {
             const int i = j * UPW + u, sl = i % SPW;
-            // unit u's products, B for (step st, group g) from b_at(st, g): column n of group g, elements 8q..
-            // of step st (the same element positions as the A tile's: logical k 2q+e <-> 8q+e, 2q+8+e <->
-            // 8q+2+e, and 8q+4.., 8q+6.. for the second product)
-            auto products = [&](auto b_at) {
-#pragma unroll
-                for (int st = 0; st < STEPS; ++st) {
-                    const uint4 a = xa[u * STEPS + st], b = xb[u * STEPS + st];
-#pragma unroll
-                    for (int g = 0; g < CG; ++g) {
-                        const uint4 wv = b_at(st, g);
-                        mma(acc[g], a.x, b.x, a.y, b.y, wv.x, wv.y);
-                        mma(acc[g], a.z, b.z, a.w, b.w, wv.z, wv.w);
-                    }
-                }
-            };
             if (REGT && i >= SPW) {           // a register unit: the next one's loads go out before this one's products
                 uint4 cur[REGT ? STEPS * CG : 1];
 #pragma unroll
                 for (int e = 0; e < (REGT ? STEPS * CG : 1); ++e) cur[e] = rb[e];
                 if (HAS_UNIT(i + 1)) load_regs(i + 1, rb);
-                products([&](int st, int g) { return cur[REGT ? st * CG + g : 0]; });
+                unit_products(acc, xa, xb, u, [&](int st, int g) { return cur[REGT ? st * CG + g : 0]; });
                 continue;
             }
             mbar_wait(&mfull[sl], (i / SPW) & 1);
             if (STAMPS && i == 0) st2 = gtimer();
             const unsigned char* sb = mine + sl * SLOTB + n * (2 * KC) + q * 16;
-            products([&](int st, int g) { return *reinterpret_cast<const uint4*>(sb + g * 8 * (2 * KC) + st * 64); });
+            unit_products(acc, xa, xb, u, [&](int st, int g) {
+                return *reinterpret_cast<const uint4*>(sb + g * 8 * (2 * KC) + st * 64);
+            });
             __syncwarp();                     // the slot read: this warp's next unit may overwrite it
             if (!REGT && HAS_UNIT(i + SPW)) issue(i + SPW);
         }
