@@ -2,8 +2,10 @@
 headers it passes, for sm_90 at the 35B-A3B shapes, without a GPU (it stops before loading the
 module). Needs libnvrtc 13 where cuda-bindings finds it, e.g.:
 
-  pip download --no-deps -d /tmp/nvrtcpkg "nvidia-cuda-nvrtc>=13,<14" && unzip -q -d /tmp/nvrtcx /tmp/nvrtcpkg/*.whl
+  pip download --no-deps -d /tmp/nvrtcpkg "nvidia-cuda-nvrtc==13.0.*" && unzip -q -d /tmp/nvrtcx /tmp/nvrtcpkg/*.whl
   LD_LIBRARY_PATH=/tmp/nvrtcx/nvidia/cu13/lib python tools/nvrtc_check.py
+13.0 is what the device machines load (their torch is built for CUDA 13.0): it refused a generic
+lambda in device code that 13.3 and 13.5 accept (device call 339), so check with the oldest.
 """
 import sys
 from pathlib import Path

@@ -126,8 +126,8 @@ constexpr int AH = (UPW - 1 + SPW) / UPW;   // tasks past the one in hand whose 
 
 // unit u's products into acc, B for (step st, group g) from b_at(st, g): column n of group g, elements 8q..
 // of step st (the same element positions as the A tile's: logical k 2q+e <-> 8q+e, 2q+8+e <-> 8q+2+e, and
-// 8q+4.., 8q+6.. for the second product). A template, not a generic lambda: NVRTC 13.3 takes a generic
-// lambda's operator for a host function in JIT mode and fails the build (device call 339).
+// 8q+4.., 8q+6.. for the second product). A template, not a generic lambda: NVRTC 13.0 takes a generic
+// lambda's operator for a host function in JIT mode and fails the build (device call 339; 13.3 and 13.5 take it).
 template <class BAt>
 __device__ __forceinline__ void unit_products(float (&acc)[CG][4], const uint4 (&xa)[XS], const uint4 (&xb)[XS],
                                               int u, BAt b_at) {
