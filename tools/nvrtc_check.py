@@ -4,7 +4,7 @@ module). Needs libnvrtc 13 where cuda-bindings finds it, e.g.:
 
   pip download --no-deps -d /tmp/nvrtcpkg "nvidia-cuda-nvrtc==13.0.*" && unzip -q -d /tmp/nvrtcx /tmp/nvrtcpkg/*.whl
   LD_LIBRARY_PATH=/tmp/nvrtcx/nvidia/cu13/lib python tools/nvrtc_check.py
-13.0 is what the device machines load (their torch is built for CUDA 13.0): it refused a generic
+13.0 is likely what the device machines load (their torch is built for CUDA 13.0): it refused a generic
 lambda in device code that 13.3 and 13.5 accept (device call 339), so check with the oldest.
 """
 import sys
