@@ -34,19 +34,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from decode import MODELS as DECODE_MODELS  # noqa: E402
 from verispec.config import default_model_dir  # noqa: E402
 
-SHAPES = {
-    "small": dict(hidden_size=512, num_layers=8, vocab_size=8192, num_experts=8, top_k=2, moe_intermediate_size=256,
-                  shared_expert_intermediate_size=256, intermediate_size=256, num_attention_heads=8,
-                  num_key_value_heads=2, head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8,
-                  linear_key_head_dim=64, linear_value_head_dim=64),
-    "mid": dict(hidden_size=1024, num_layers=16, vocab_size=8192, num_experts=16, top_k=2, moe_intermediate_size=512,
-                shared_expert_intermediate_size=512, intermediate_size=512, num_attention_heads=8,
-                num_key_value_heads=2, head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8,
-                linear_key_head_dim=128, linear_value_head_dim=128),
-}
+# `mid` is bench/decode.py's mid-size model; `small` the same family at half its width and layers
+MODELS = {"mid": DECODE_MODELS["mid"],
+          "small": {**DECODE_MODELS["mid"], "hidden_size": 512, "num_layers": 8, "num_experts": 8,
+                    "moe_intermediate_size": 256, "shared_expert_intermediate_size": 256, "intermediate_size": 256,
+                    "head_dim": 64, "linear_key_head_dim": 64, "linear_value_head_dim": 64}}
 ARMS = ("auto", "t1", "tall", "tall_spin")
 
 
@@ -59,7 +56,7 @@ def model_dir(name: str) -> tuple[Path, list[str]]:
     if not (d / "config.json").exists():
         from verispec.fixture import make_fixture
         t0 = time.perf_counter()
-        make_fixture(d, family="qwen3_next", seed=0, weight_scale=0.3, **SHAPES[name])
+        make_fixture(d, **MODELS[name])
         print(f"[cpu_threads] wrote {name} to {d} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return d, ["--prompt-ids", "1,2,3,4,5,6,7,8,9,10,11,12"]
 

@@ -8,8 +8,9 @@ machine the bundled model (34 MiB of fp32 weights a token) decoded 221.8 tok/s o
 against 115.3 on two, and 246.3 against 198.6 with a core busy elsewhere (bench/cpu_threads.py,
 docs/benchmarks-decode.md). Decode and verify bits do not depend on the thread count
 (tests/test_cli.py); the batched prefill's last bits may (README, --prefill-batch), and a drafted
-and a plain run of one model pick the same count. Large checkpoints keep torch's count: their products are megabytes
-each, and on a box with more cores than this one the pool should pay (not measured here).
+and a plain run of one model pick the same count. Large checkpoints keep torch's count: their
+products are megabytes each, and on a box with more cores than this one the pool should pay (not
+measured here).
 """
 
 from __future__ import annotations
