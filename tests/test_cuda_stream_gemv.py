@@ -279,7 +279,8 @@ def test_tail_options_keep_the_bits(stream_on, regt, dyn):
     def restore():
         sg.REGT, sg.DYN = kept
     _bits_hold(40 + regt + 3 * dyn, sorted(sg.CONFIG), setting, restore)
-    assert any(key[-2:] == (dyn, regt) for key in sg._kernels)
+    built = [dict(key[1]) for key in sg._kernels]     # a key: (device, the build's defines, tasks, carveout)
+    assert any(d.get("DYN", 0) == int(dyn) and d.get("REGT", 0) == regt for d in built)
 
 
 @needs_bindings

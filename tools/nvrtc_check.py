@@ -1,6 +1,9 @@
 """Compile our CUDA C++ kernels through NVRTC as verispec/ops/cuda_nvrtc.py does, with the
-headers it passes, for sm_90 at the 35B-A3B shapes, without a GPU (it stops before loading the
-module). Needs libnvrtc 13 where cuda-bindings finds it, e.g.:
+headers it passes, for sm_90: every build of verispec/ops/cuda_variants.py (the engine's at the
+35B-A3B shape and its experiments'), without a GPU (it stops before loading the module).
+tests/test_nvrtc_builds.py does the same where NVRTC is installed (.ci/run installs 13.0).
+Needs libnvrtc 13 where cuda-bindings finds it: `pip install "nvidia-cuda-nvrtc==13.0.*"
+"cuda-bindings>=13,<14"` in the venv, or:
 
   pip download --no-deps -d /tmp/nvrtcpkg "nvidia-cuda-nvrtc==13.0.*" && unzip -q -d /tmp/nvrtcx /tmp/nvrtcpkg/*.whl
   LD_LIBRARY_PATH=/tmp/nvrtcx/nvidia/cu13/lib python tools/nvrtc_check.py
@@ -12,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from verispec.ops import cuda_nvrtc  # noqa: E402
+from verispec.ops import cuda_nvrtc, cuda_variants  # noqa: E402
 
 
 def build(source, defines):
@@ -25,26 +28,8 @@ def build(source, defines):
     return True
 
 
-ok = build("cuda_stream_gemv.cu", dict(K=4096, CG=2, WARPS=8, KC=256, SPW=2, CONV=0, TRIG=1, TMA2D=1))
-ok &= build("cuda_stream_gemv.cu", dict(K=2048, CG=2, WARPS=8, KC=256, SPW=3, CONV=1, TRIG=1, TMA2D=1))
-ok &= build("cuda_stream_gemv.cu", dict(K=2048, CG=2, WARPS=8, KC=256, SPW=3, CONV=1, TRIG=1, TMA2D=1, PRE=3, PACE=1,
-                                        EVF=1))
-ok &= build("cuda_stream_gemv.cu", dict(K=4096, CG=2, WARPS=8, KC=256, SPW=2, CONV=0, TRIG=1, TMA2D=1, PRE=1, PACE=0,
-                                        EVF=0))
-ok &= build("cuda_stream_gemv.cu", dict(K=2048, CG=2, WARPS=8, KC=256, SPW=3, CONV=1, TRIG=1, TMA2D=1, STAMPS=1))
-ok &= build("cuda_stream_gemv.cu", dict(K=4096, CG=2, WARPS=8, KC=256, SPW=2, CONV=0, TRIG=1, TMA2D=1, L2PF=1, L2AT=0, L2EL=1))
-ok &= build("cuda_stream_gemv.cu", dict(K=4096, CG=2, WARPS=8, KC=256, SPW=2, CONV=0, TRIG=1, TMA2D=1, L2PF=1, L2AT=1, L2EL=0))
-ok &= build("cuda_stream_gemv.cu", dict(K=2048, CG=2, WARPS=8, KC=256, SPW=3, CONV=1, TRIG=1, TMA2D=1, REGT=1))
-ok &= build("cuda_stream_gemv.cu", dict(K=2048, CG=2, WARPS=8, KC=256, SPW=3, CONV=0, TRIG=1, TMA2D=1, REGT=2))
-ok &= build("cuda_stream_gemv.cu", dict(K=4096, CG=2, WARPS=8, KC=256, SPW=2, CONV=0, TRIG=1, TMA2D=1, REGT=1))
-ok &= build("cuda_stream_gemv.cu", dict(K=2048, CG=2, WARPS=8, KC=256, SPW=3, CONV=1, TRIG=1, TMA2D=1, DYN=1))
-ok &= build("cuda_stream_gemv.cu", dict(K=2048, CG=2, WARPS=8, KC=256, SPW=3, CONV=0, TRIG=1, TMA2D=1, DYN=1, REGT=1))
-ok &= build("cuda_recurrence.cu", dict(HV=32, REP=2, DV=128, WARPS=2, TRIG=1, CB=16, PRE=1, FAST=0, STAMPS=1))
-ok &= build("cuda_moe_tail.cu", dict(HD=2048, ID=512, TOPK=8, NE=256, SLOT=8192, WARPS=8, SPW=3, EXTRA=2048, PHASES=3))
-ok &= build("cuda_stream_moe.cu", dict(H=2048, I=512, S=9, GW=8, GR=8, GSPW=3, DW=8, DSPW=3, TRIG=1))
-ok &= build("cuda_recurrence.cu", dict(HV=32, REP=2, DV=128, WARPS=2, TRIG=1, CB=16, PRE=1, FAST=0))
-ok &= build("cuda_recurrence.cu", dict(HV=32, REP=2, DV=128, WARPS=4, TRIG=2, CB=8, PRE=0, FAST=1))
-ok &= build("cuda_norm_route.cu", dict(HD=2048, NOUT=264, NE=256, TOPK=8, NORM=1, CL=8, WARPS=16))
-ok &= build("cuda_norm_route.cu", dict(HD=2048, NOUT=264, NE=256, TOPK=8, NORM=0, CL=16, WARPS=16))
-ok &= build("cuda_norm_route.cu", dict(HD=256, NOUT=40, NE=32, TOPK=4, NORM=1, CL=4, WARPS=2))
-sys.exit(0 if ok else 1)
+if __name__ == "__main__":
+    print("NVRTC", ".".join(str(v) for v in cuda_nvrtc.nvrtc.nvrtcVersion()[1:]))
+    results = [build(source, defines) for source, defines in cuda_variants.all_builds()]
+    print(f"{sum(results)} of {len(results)} builds ok")
+    sys.exit(0 if all(results) else 1)

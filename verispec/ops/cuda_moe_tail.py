@@ -62,16 +62,21 @@ def fits(x, top_w, top_i, gu_all, down_all, shared_gu, shared_down, resid, norm_
             and down_all.shape == (e, hd, two_i // 2) and top_i.shape[0] <= min(MAX_ROWS, cuda_nvrtc.sm_count(x.device)))
 
 
+def defines(hd: int, inter: int, top_k: int, n_experts: int) -> dict:
+    """The kernel's -D defines under the module's settings (no GPU needed: tools/nvrtc_check.py)."""
+    return {"HD": hd, "ID": inter, "TOPK": top_k, "NE": n_experts, "SLOT": SLOT, "WARPS": WARPS, "SPW": SPW,
+            "EXTRA": EXTRA, "PHASES": PHASES}
+
+
 def _kernel(device: torch.device, hd: int, inter: int, top_k: int, n_experts: int):
-    key = (cuda_nvrtc.index(device), hd, inter, top_k, n_experts, SLOT, WARPS, SPW, PHASES)
+    d = defines(hd, inter, top_k, n_experts)
+    key = (cuda_nvrtc.index(device), tuple(sorted(d.items())))
     smem = WARPS * SPW * SLOT + EXTRA
     if key not in _kernels:
         if key[0] not in _counters:          # also makes the device's context current here
             _counters[key[0]] = torch.zeros(2, dtype=torch.int32, device=device)
-        defines = {"HD": hd, "ID": inter, "TOPK": top_k, "NE": n_experts, "SLOT": SLOT, "WARPS": WARPS, "SPW": SPW,
-                   "EXTRA": EXTRA, "PHASES": PHASES}
         with torch.cuda.device(device):
-            _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_moe_tail.cu", "moe_tail", defines, smem)
+            _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_moe_tail.cu", "moe_tail", d, smem)
     return _kernels[key], smem, 32 * WARPS
 
 

@@ -32,14 +32,18 @@ _kernels: dict = {}
 _builds: dict = {}
 
 
+def defines(hv: int, rep: int, dv: int, trig: int = 1) -> dict:
+    """The kernel's -D defines under the module's settings (no GPU needed: tools/nvrtc_check.py)."""
+    return {"HV": hv, "REP": rep, "DV": dv, "WARPS": WARPS, "TRIG": trig, "CB": CB, "PRE": PRE, "FAST": FAST,
+            "STAMPS": int(STAMPS is not None)}
+
+
 def _kernel(device: torch.device, hv: int, rep: int, dv: int, trig: int = 1):
-    stamps = int(STAMPS is not None)
-    key = (cuda_nvrtc.index(device), hv, rep, dv, WARPS, CB, PRE, FAST, stamps, trig)
+    d = defines(hv, rep, dv, trig)
+    key = (cuda_nvrtc.index(device), tuple(sorted(d.items())))
     if key not in _kernels:
-        defines = {"HV": hv, "REP": rep, "DV": dv, "WARPS": WARPS, "TRIG": trig, "CB": CB, "PRE": PRE, "FAST": FAST,
-                   "STAMPS": stamps}
         with torch.cuda.device(device):
-            _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_recurrence.cu", "delta_rec", defines, 0)
+            _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_recurrence.cu", "delta_rec", d, 0)
     return _kernels[key]
 
 

@@ -140,24 +140,26 @@ def dyn_static(k: int, n: int, cfg: tuple, grid: int, conv_cols: int = 0) -> int
     return ns0 if ns0 * grid < nt else 0
 
 
-def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int, n: int, l2: bool = False):
+def defines(k: int, n: int, cfg: tuple, conv: bool, l2: bool = False) -> dict:
+    """The -D defines of the kernel for a (K, N) product of configuration cfg under the module's
+    settings (no GPU needed: tools/nvrtc_check.py builds them)."""
     cg, warps, kc, spw = cfg
-    pre = _pre(spw)
-    stamps = int(STAMPS is not None)
-    maxreg = MAXREG.get((k, n), 0)
-    l2at, l2el = (L2AT, L2EL) if l2 else (0, 0)    # without a prefetch the kernel is built as before L2PF
-    key = (cuda_nvrtc.index(device), k, cfg, conv, TRIG, TMA2D, tasks, pre, PACE, EVF, stamps, maxreg, CARVEOUT, l2,
-           l2at, l2el, DYN, REGT)
+    return {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG,
+            "TMA2D": TMA2D, "PRE": _pre(spw), "PACE": PACE, "EVF": EVF, "STAMPS": int(STAMPS is not None),
+            "MAXREG": MAXREG.get((k, n), 0),
+            **({"L2PF": 1, "L2AT": L2AT, "L2EL": L2EL} if l2 else {}), **({"REGT": REGT} if REGT else {}),
+            **({"DYN": 1} if DYN else {})}
+
+
+def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int, n: int, l2: bool = False):
+    d = defines(k, n, cfg, conv, l2)
+    key = (cuda_nvrtc.index(device), tuple(sorted(d.items())), tasks, CARVEOUT)
     smem = _smem(*cfg, tasks)
     if key not in _kernels:
-        defines = {"K": k, "CG": cg, "WARPS": warps, "KC": kc, "SPW": spw, "CONV": int(conv), "TRIG": TRIG,
-                   "TMA2D": TMA2D, "PRE": pre, "PACE": PACE, "EVF": EVF, "STAMPS": stamps, "MAXREG": maxreg,
-                   **({"L2PF": 1, "L2AT": l2at, "L2EL": l2el} if l2 else {}), **({"REGT": REGT} if REGT else {}),
-                   **({"DYN": 1} if DYN else {})}
         with torch.cuda.device(device):
-            _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", defines, smem,
+            _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_stream_gemv.cu", "stream_gemv", d, smem,
                                                       carveout=CARVEOUT)
-    return _kernels[key], smem, 32 * warps
+    return _kernels[key], smem, 32 * cfg[1]
 
 
 def linear_rows(x: torch.Tensor, w: torch.Tensor, conv=None) -> torch.Tensor:

@@ -75,15 +75,19 @@ def fits(x, slots: int, gu_all, down_all, shared_gu, shared_down) -> bool:
             and shared_down.shape == (h, two_i // 2) and available(x.device))
 
 
+def defines(h: int, inter: int, slots: int) -> dict:
+    """The kernels' -D defines under the module's settings (no GPU needed: tools/nvrtc_check.py)."""
+    return {"H": h, "I": inter, "S": slots, "GW": GW, "GR": GR, "GSPW": GSPW, "DW": DW, "DSPW": DSPW, "TRIG": TRIG}
+
+
 def _kernel(device: torch.device, h: int, inter: int, slots: int):
-    key = (cuda_nvrtc.index(device), h, inter, slots, GW, GR, GSPW, DW, DSPW, TRIG)
+    d = defines(h, inter, slots)
+    key = (cuda_nvrtc.index(device), tuple(sorted(d.items())))
     if key not in _kernels:
-        defines = {"H": h, "I": inter, "S": slots, "GW": GW, "GR": GR, "GSPW": GSPW, "DW": DW, "DSPW": DSPW,
-                   "TRIG": TRIG}
         gu, dn = _sizes(h, inter, slots)
         with torch.cuda.device(device):
-            _kernels[key] = (cuda_nvrtc.compile_kernel(device, "cuda_stream_moe.cu", "moe_gate_up", defines, gu),
-                             cuda_nvrtc.compile_kernel(device, "cuda_stream_moe.cu", "moe_down", defines, dn), gu, dn)
+            _kernels[key] = (cuda_nvrtc.compile_kernel(device, "cuda_stream_moe.cu", "moe_gate_up", d, gu),
+                             cuda_nvrtc.compile_kernel(device, "cuda_stream_moe.cu", "moe_down", d, dn), gu, dn)
     return _kernels[key]
 
 
