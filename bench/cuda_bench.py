@@ -910,10 +910,13 @@ def route(eng: Engine, rounds: int) -> None:
     (`shared waits` is the default with only that). The cluster sums in other orders than the two
     launches: its arms' logits must equal each other's (a row's sums do not depend on the cluster's
     size), the default's only `shared waits`'."""
-    from verispec.ops import cuda_fusions, cuda_moe, cuda_norm_route
+    from verispec.ops import cuda_fusions, cuda_moe, cuda_norm_route, cuda_stream_gemv
 
     if DEVICE != "cuda" or not cuda_norm_route.available(torch.device("cuda")):
         log("[route] skipped: the cluster router kernel does not build here")
+        return
+    if not cuda_stream_gemv.available(torch.device("cuda")):   # the router runs in the stream products' chain only
+        log("[route] skipped: the cluster router needs the CUDA C++ stream products, which do not build here")
         return
     kept = cuda_fusions.ROUTE_CLUSTER, cuda_norm_route.CLUSTER, cuda_moe.SHARED_FIRST
 
@@ -1003,6 +1006,25 @@ def spec(eng: Engine, n: int, rounds: int, key: str) -> None:
         f"({med['mtp2_bernoulli'] / med['plain']:.2f}x); drafted = plain bit for bit: {ids_equal}")
 
 
+def kernels() -> None:
+    """Which CUDA C++ kernels build and run here, said before any timing: where NVRTC refuses one, the
+    engine runs its Triton kernels instead (exact, slower) and says so only once on stderr, so a run on
+    that fallback could pass for the default (device call 339)."""
+    from verispec.ops import cuda_fusions, cuda_norm_route, cuda_recurrence, cuda_stream_gemv, cuda_stream_moe
+
+    dev = torch.device("cuda")
+    got = {"stream products": (cuda_fusions.STREAM, cuda_stream_gemv.available(dev)),
+           "recurrence": (cuda_fusions.REC, cuda_recurrence.available(dev)),
+           "stream experts": (cuda_fusions.STREAM_MOE, cuda_stream_moe.available(dev)),
+           "cluster router": (cuda_fusions.ROUTE_CLUSTER, cuda_norm_route.available(dev))}
+    RESULTS["kernels"] = {k: {"on": on, "builds": built} for k, (on, built) in got.items()}
+    said = ", ".join(f"{k} {'on' if on else 'off'}{'' if built else ' (DOES NOT BUILD)'}" for k, (on, built) in got.items())
+    log(f"[kernels] CUDA C++: {said}")
+    if cuda_fusions.STREAM and not got["stream products"][1]:
+        log("[kernels] WARNING: the default stream products do not build here: every timing below is of the "
+            "Triton fallback, not of the default path")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=40)
@@ -1032,6 +1054,8 @@ def main() -> int:
     # every ceiling is this card's: an H200's constant put an H100's verify at 2x its limit (device call 278)
     uses_bw = {"bandwidth", "decode", "verify", "spec"} & set(sections)
     bw = bandwidth() if uses_bw and DEVICE == "cuda" else 4.27e12
+    if DEVICE == "cuda":
+        kernels()
     save()
     eng, ck = build(a.preset, a.layers, "independent", 1, graphs=not a.eager)
     steps = [("decode", lambda: decode(eng, a.tokens, a.rounds, bw)),

@@ -31,7 +31,7 @@ GPU_SUITES="tests/test_cuda_moe_pred.py tests/test_cuda_stream_moe.py tests/test
   tests/test_cuda_recurrence.py tests/test_prompt_pieces.py tests/test_cuda_chunk_parts.py tests/test_cli.py
   tests/test_cuda_norm_route.py"
 BENCH="python3 bench/cuda_bench.py --layers 40 --tokens 32 --rounds 3"
-SUMMARY='^\[(bandwidth|decode|verify|overhead|spec|correlated|route|grid)'
+SUMMARY='^\[(kernels|bandwidth|decode|verify|overhead|spec|correlated|route|grid)'
 
 h200_only() {
     case "$GPU" in *H200*) return 0 ;; esac
