@@ -84,12 +84,15 @@ def sm_count(device: torch.device) -> int:
     return _sms[i]
 
 
-def cubin(arch: tuple[int, int], source: str, defines: dict, text: str | None = None) -> bytes:
+def cubin(arch: tuple[int, int], source: str, defines: dict, text: str | None = None,
+          header_texts: dict[str, str] | None = None) -> bytes:
     """The cubin NVRTC builds for sm_<arch> from the package file `source` (or from `text`, named
-    `source`) with -D defines; no GPU needed (tools/nvrtc_check.py, tools/stream_regs.py)."""
+    `source`) with -D defines, the HEADERS from the package (or from header_texts, by name); no GPU
+    needed (tools/nvrtc_check.py, tools/sass_diff.py, tools/stream_regs.py)."""
     files = resources.files(__package__)
     src = text if text is not None else files.joinpath(source).read_text()
-    headers = [files.joinpath(h).read_text().encode() for h in HEADERS]
+    given = header_texts or {}
+    headers = [(given[h] if h in given else files.joinpath(h).read_text()).encode() for h in HEADERS]
     prog = ok(nvrtc.nvrtcCreateProgram(src.encode(), source.encode(), len(HEADERS), headers,
                                        [h.encode() for h in HEADERS]), "nvrtcCreateProgram")
     opts = [f"--gpu-architecture=sm_{arch[0]}{arch[1]}", "-std=c++17", "-lineinfo"]
