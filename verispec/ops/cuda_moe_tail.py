@@ -70,7 +70,7 @@ def defines(hd: int, inter: int, top_k: int, n_experts: int) -> dict:
 
 def _kernel(device: torch.device, hd: int, inter: int, top_k: int, n_experts: int):
     d = defines(hd, inter, top_k, n_experts)
-    key = (cuda_nvrtc.index(device), tuple(sorted(d.items())))
+    key = (cuda_nvrtc.index(device), tuple(d.items()))
     smem = WARPS * SPW * SLOT + EXTRA
     if key not in _kernels:
         if key[0] not in _counters:          # also makes the device's context current here

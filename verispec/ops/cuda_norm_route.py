@@ -44,7 +44,7 @@ def defines(hd: int, n_out: int, n_experts: int, top_k: int, norm: bool, cluster
 
 
 def _kernel(device: torch.device, d: dict):
-    key = (cuda_nvrtc.index(device), tuple(sorted(d.items())))
+    key = (cuda_nvrtc.index(device), tuple(d.items()))
     if key not in _kernels:
         with torch.cuda.device(device):
             fn = cuda_nvrtc.compile_kernel(device, "cuda_norm_route.cu", "norm_route", d, 0)

@@ -40,7 +40,7 @@ def defines(hv: int, rep: int, dv: int, trig: int = 1) -> dict:
 
 def _kernel(device: torch.device, hv: int, rep: int, dv: int, trig: int = 1):
     d = defines(hv, rep, dv, trig)
-    key = (cuda_nvrtc.index(device), tuple(sorted(d.items())))
+    key = (cuda_nvrtc.index(device), tuple(d.items()))
     if key not in _kernels:
         with torch.cuda.device(device):
             _kernels[key] = cuda_nvrtc.compile_kernel(device, "cuda_recurrence.cu", "delta_rec", d, 0)

@@ -153,7 +153,7 @@ def defines(k: int, n: int, cfg: tuple, conv: bool, l2: bool = False) -> dict:
 
 def _kernel(device: torch.device, k: int, cfg: tuple, conv: bool, tasks: int, n: int, l2: bool = False):
     d = defines(k, n, cfg, conv, l2)
-    key = (cuda_nvrtc.index(device), tuple(sorted(d.items())), tasks, CARVEOUT)
+    key = (cuda_nvrtc.index(device), tuple(d.items()), tasks, CARVEOUT)
     smem = _smem(*cfg, tasks)
     if key not in _kernels:
         with torch.cuda.device(device):

@@ -82,7 +82,7 @@ def defines(h: int, inter: int, slots: int) -> dict:
 
 def _kernel(device: torch.device, h: int, inter: int, slots: int):
     d = defines(h, inter, slots)
-    key = (cuda_nvrtc.index(device), tuple(sorted(d.items())))
+    key = (cuda_nvrtc.index(device), tuple(d.items()))
     if key not in _kernels:
         gu, dn = _sizes(h, inter, slots)
         with torch.cuda.device(device):

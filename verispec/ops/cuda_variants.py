@@ -21,7 +21,7 @@ ROUTER_ROWS = E + 8      # the router's rows, the shared expert's gate, padding 
 def engine() -> list[tuple[str, dict]]:
     """The builds the default settings make: every configured product (with the conv epilogue for
     the mixers' input products, K = hidden), the recurrence with either trigger, the opt-in MoE
-    kernels and the cluster router."""
+    kernels and the cluster router with and without its norm (the two families)."""
     sg = cuda_stream_gemv
     out = []
     for (k, n), cfg in sg.CONFIG.items():
@@ -31,15 +31,15 @@ def engine() -> list[tuple[str, dict]]:
     out += [("cuda_recurrence.cu", cuda_recurrence.defines(HV, REP, DV, trig)) for trig in (1, 2)]
     out.append(("cuda_moe_tail.cu", cuda_moe_tail.defines(H, I, TOPK, E)))
     out.append(("cuda_stream_moe.cu", cuda_stream_moe.defines(H, I, TOPK + 1)))
-    out += [("cuda_norm_route.cu", cuda_norm_route.defines(H, ROUTER_ROWS, E, TOPK, norm, cluster))
-            for norm, cluster in ((True, cuda_norm_route.CLUSTER), (False, 16))]
+    out += [("cuda_norm_route.cu", cuda_norm_route.defines(H, ROUTER_ROWS, E, TOPK, norm, cuda_norm_route.CLUSTER))
+            for norm in (True, False)]
     return out
 
 
 def experiments() -> list[tuple[str, dict]]:
     """The builds of the settings the benchmarks switch on (bench/cuda_bench.py's sections): the
     products' flood, L2, register-tail, ticket and stamp variants, the recurrence's other launch
-    shapes and stamps, and a small cluster router."""
+    shapes and stamps, the cluster router in clusters of 16, and a small one."""
     sg = cuda_stream_gemv
     (k_out, n_out), cfg_out = next((kn, c) for kn, c in sg.CONFIG.items() if kn[0] != H)
     (k_in, n_in), cfg_in = next((kn, c) for kn, c in sg.CONFIG.items() if kn[0] == H)
@@ -55,7 +55,8 @@ def experiments() -> list[tuple[str, dict]]:
     return ([("cuda_stream_gemv.cu", d) for d in products]
             + [("cuda_recurrence.cu", {**rec, "STAMPS": 1}),
                ("cuda_recurrence.cu", {**rec, "WARPS": 4, "TRIG": 2, "CB": 8, "PRE": 0, "FAST": 1})]
-            + [("cuda_norm_route.cu", cuda_norm_route.defines(256, 40, 32, 4, True, 4))])
+            + [("cuda_norm_route.cu", cuda_norm_route.defines(H, ROUTER_ROWS, E, TOPK, True, 16)),
+               ("cuda_norm_route.cu", cuda_norm_route.defines(256, 40, 32, 4, True, 4))])
 
 
 def all_builds() -> list[tuple[str, dict]]:
