@@ -1,7 +1,7 @@
 """Every CUDA C++ build of verispec/ops/cuda_variants.py compiles for sm_90 through NVRTC, without a
 GPU. Where no GPU is, this is the only check of the kernels' sources: a build NVRTC refuses turns the
 CUDA C++ kernels off on the device (the Triton ones run, exact but slower), found until now only in a
-device call (339). .ci/run installs NVRTC 13.0, the oldest the device machines load; without
+device call (339). .ci/run installs NVRTC 13.0, likely what the device machines load; without
 cuda-bindings and libnvrtc the tests skip."""
 
 import pytest
